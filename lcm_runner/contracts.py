@@ -1,0 +1,40 @@
+"""Contracts shared by the trainer, the launchers, the stages and the report (see docs/design.md).
+
+One place names the exit codes and the telemetry events; every side imports them from here.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Trainer exit codes, read by the sbatch script and the torchrun launcher."""
+
+    OK = 0
+    FAILURE = 1
+    BAD_ARGS = 2  # argparse / a flag this build cannot honour
+    REQUEUE = 75  # EX_TEMPFAIL: checkpointed after SIGUSR1/SIGTERM, requeue me
+
+
+# Telemetry: JSON Lines, <run_dir>/telemetry/rank<R>.jsonl, one record per line, flushed per line.
+# Every record has: ts (unix seconds, float), event, rank, attempt (restart count), job.
+EVENT_START = "start"  # world_size, tp, pp, ep, dp, resumed_from
+EVENT_STEP = "step"  # step, loss, step_time_s, tokens_per_s, comm_time_s (when measurable)
+EVENT_CKPT_BEGIN = "ckpt_begin"  # step, path
+EVENT_CKPT_END = "ckpt_end"  # step, blocking_s, total_s, bytes, path
+EVENT_RESUME = "resume"  # step, load_s, path
+EVENT_SIGNAL = "signal"  # name
+EVENT_EXIT = "exit"  # code, reason
+
+TELEMETRY_DIR = "telemetry"
+LATEST_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's tracker file
+
+
+def iter_dir_name(step: int) -> str:
+    """Megatron-LM's checkpoint directory name for a step."""
+    return f"iter_{step:07d}"
+
+
+def telemetry_file_name(rank: int) -> str:
+    return f"rank{rank}.jsonl"
