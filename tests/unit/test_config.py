@@ -1,0 +1,118 @@
+"""lcm_runner.config: the shipped run configs load; bad input is named key by key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lcm_runner import config
+from lcm_runner.spec import SpecInvalid
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _lab() -> dict:
+    return yaml.safe_load((ROOT / "configs" / "lab.yml").read_text())
+
+
+@pytest.mark.parametrize("name", ["lab.yml", "h200.yml"])
+def test_shipped_configs_load(name: str) -> None:
+    cfg = config.load_run_config(ROOT / "configs" / name)
+    assert cfg.targets.nccl_fraction_max == 0.30
+    assert cfg.world_size == cfg.nodes * cfg.procs_per_node
+
+
+def test_defaults_are_the_module_slos() -> None:
+    t = config.Targets()
+    assert (t.nccl_fraction_max, t.ckpt_write_s_max, t.resume_s_max, t.recovery_s_max) == (0.30, 60, 120, 300)
+    assert (t.recovery_floor_ratio_max, t.node_loss_s_max) == (1.5, 60)
+
+
+def test_target_override_keeps_other_defaults() -> None:
+    data = _lab()
+    data["targets"] = {"resume_s_max": 30}
+    cfg = config.from_dict(data)
+    assert cfg.targets.resume_s_max == 30.0 and cfg.targets.recovery_s_max == 300.0
+
+
+def test_train_args_use_megatron_names() -> None:
+    cfg = config.load_run_config(ROOT / "configs" / "h200.yml")
+    args = cfg.to_train_args("/ck", telemetry_dir="/run/telemetry")
+    pairs = dict(zip(args[::2], args[1::2], strict=False))
+    assert pairs["--tensor-model-parallel-size"] == "4"
+    assert pairs["--pipeline-model-parallel-size"] == "2"
+    assert pairs["--expert-model-parallel-size"] == "2"
+    assert "--bf16" in args and "--use-flash-attn" in args and "--cpu" not in args
+    assert args[args.index("--load") + 1] == "/ck"
+    lab = config.load_run_config(ROOT / "configs" / "lab.yml")
+    assert "--cpu" in lab.to_train_args("/ck") and "--bf16" not in lab.to_train_args("/ck")
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        (
+            {"model": {"num_attention_heads": 3}},
+            "model.hidden_size: 64 is not divisible by num_attention_heads=3",
+        ),
+        ({"model": {"tp": 3}}, "model.tp: 3 does not divide num_attention_heads=4"),
+        ({"model": {"ep": 3}}, "model.ep: 3 does not divide num_experts=4"),
+        ({"model": {"num_experts": 8, "ep": 8}}, "tp*pp*ep=8 does not divide the world size 4"),
+        (
+            {"model": {"global_batch_size": 6}},
+            "global_batch_size: 6 is not a multiple of micro_batch_size*dp",
+        ),
+        ({"model": {"use_flash_attn": True}}, "flash attention needs GPUs"),
+        ({"launcher": "mpirun"}, "launcher: 'mpirun' is not one of slurm, torchrun"),
+        ({"time_limit": "90 minutes"}, "time_limit: '90 minutes' is not a Slurm time"),
+        ({"fault": {"kill_at_step": 5}}, "fault.kill_at_step: 5 must lie after the first save"),
+        ({"fault": {"kill_node": 2}}, "fault.kill_node: 2 is not a node index 0..1"),
+        ({"fault": {"cases": ["meteor"]}}, "fault.cases: meteor unknown"),
+        ({"gpus_per_node": 4, "procs_per_node": 8}, "procs_per_node: 8 processes cannot each own a GPU"),
+        ({"nccl": {"debug": "LOUD"}}, "nccl.debug: 'LOUD' is not one of"),
+        ({"nccl": {"extra_env": {"nccl-x": "1"}}}, "nccl.extra_env: 'nccl-x' is not an environment variable"),
+        ({"targets": {"nccl_fraction_max": 30}}, "targets.nccl_fraction_max: 30.0 is a fraction"),
+        ({"nodes": "two"}, "nodes: must be an integer, got 'two'"),
+        ({"model": {"bf16": "yes"}}, "model.bf16: must be true or false"),
+        ({"modle": {}}, "modle: unknown key"),
+        ({"model": {"layers": 2}}, "model.layers: unknown key"),
+    ],
+)
+def test_bad_configs_name_the_key(patch: dict, message: str) -> None:
+    data = _lab()
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict(data, "run.yml")
+    assert any(message in p for p in err.value.problems), err.value.problems
+
+
+def test_all_problems_reported_at_once() -> None:
+    data = _lab()
+    data["launcher"] = "x"
+    data["master_port"] = 80
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict(data)
+    assert len(err.value.problems) == 2
+
+
+def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match="cannot read"):
+        config.load_run_config(tmp_path / "missing.yml")
+    bad = tmp_path / "run.yml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(config.ConfigError, match="not YAML"):
+        config.load_run_config(bad)
+
+
+def test_load_cluster_reads_the_lab_spec(tmp_path: Path) -> None:
+    cluster = config.load_cluster(ROOT / "inventories" / "lab")
+    assert cluster["name"] == "lab" and cluster["fabric"]["type"] == "ethernet"
+    (tmp_path / "c.yml").write_text("nodes: []\n")
+    with pytest.raises(SpecInvalid, match="top-level key `cluster`"):
+        config.load_cluster(tmp_path / "c.yml")
