@@ -278,7 +278,8 @@ def validate(cfg: RunConfig) -> list[str]:
         )
     if cfg.save_interval > cfg.train_iters:
         p.append(
-            f"save_interval: {cfg.save_interval} exceeds train_iters={cfg.train_iters}: nothing would be saved"
+            f"save_interval: {cfg.save_interval} exceeds train_iters={cfg.train_iters}: "
+            "nothing would be saved"
         )
     if not _SLURM_TIME.match(cfg.time_limit):
         p.append(f"time_limit: {cfg.time_limit!r} is not a Slurm time (HH:MM:SS, D-HH:MM:SS or minutes)")
@@ -314,7 +315,8 @@ def validate(cfg: RunConfig) -> list[str]:
         return p  # the arithmetic below needs positive numbers
     if m.hidden_size % m.num_attention_heads:
         p.append(
-            f"model.hidden_size: {m.hidden_size} is not divisible by num_attention_heads={m.num_attention_heads}"
+            f"model.hidden_size: {m.hidden_size} is not divisible by "
+            f"num_attention_heads={m.num_attention_heads}"
         )
     if m.num_attention_heads % m.tp:
         p.append(f"model.tp: {m.tp} does not divide num_attention_heads={m.num_attention_heads}")
