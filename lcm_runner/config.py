@@ -180,8 +180,7 @@ class RunConfig:
             args.append("--bf16")
         if m.use_flash_attn:
             args.append("--use-flash-attn")
-        if not self.uses_gpu:
-            args.append("--cpu")
+        args += ["--device", "cuda" if self.uses_gpu else "cpu"]
         if telemetry_dir is not None:
             args += ["--telemetry-dir", telemetry_dir]
         return args
@@ -343,8 +342,10 @@ def validate(cfg: RunConfig) -> list[str]:
             )
     if m.use_flash_attn and not cfg.uses_gpu:
         p.append("model.use_flash_attn: flash attention needs GPUs (gpus_per_node is 0)")
-    if not cfg.uses_gpu and m.pp > 1:
-        p.append("model.pp: pipeline parallelism needs CUDA (megatron's schedule); use pp: 1 on CPU")
+    if m.bf16 and not cfg.uses_gpu:
+        p.append("model.bf16: bf16 is a GPU option; CPU runs train in fp32 (gpus_per_node is 0)")
+    if m.pp > 1:
+        p.append(f"model.pp: {m.pp}: the trainer (lcm_runner.train) does not implement pipeline parallelism")
     # fault
     f = cfg.fault
     if not cfg.save_interval < f.kill_at_step < cfg.train_iters:

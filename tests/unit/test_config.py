@@ -40,14 +40,18 @@ def test_target_override_keeps_other_defaults() -> None:
 def test_train_args_use_megatron_names() -> None:
     cfg = config.load_run_config(ROOT / "configs" / "h200.yml")
     args = cfg.to_train_args("/ck", telemetry_dir="/run/telemetry")
-    pairs = dict(zip(args[::2], args[1::2], strict=False))
-    assert pairs["--tensor-model-parallel-size"] == "4"
-    assert pairs["--pipeline-model-parallel-size"] == "2"
-    assert pairs["--expert-model-parallel-size"] == "2"
-    assert "--bf16" in args and "--use-flash-attn" in args and "--cpu" not in args
+
+    def value(flag: str) -> str:
+        return args[args.index(flag) + 1]
+
+    assert value("--tensor-model-parallel-size") == "4"
+    assert value("--pipeline-model-parallel-size") == "1"
+    assert value("--expert-model-parallel-size") == "2"
+    assert value("--telemetry-dir") == "/run/telemetry"
+    assert "--bf16" in args and "--use-flash-attn" in args and value("--device") == "cuda"
     assert args[args.index("--load") + 1] == "/ck"
     lab = config.load_run_config(ROOT / "configs" / "lab.yml")
-    assert "--cpu" in lab.to_train_args("/ck") and "--bf16" not in lab.to_train_args("/ck")
+    assert lab.to_train_args("/ck")[-2:] == ["--device", "cpu"] and "--bf16" not in lab.to_train_args("/ck")
 
 
 @pytest.mark.parametrize(
@@ -65,6 +69,8 @@ def test_train_args_use_megatron_names() -> None:
             "global_batch_size: 6 is not a multiple of micro_batch_size*dp",
         ),
         ({"model": {"use_flash_attn": True}}, "flash attention needs GPUs"),
+        ({"model": {"bf16": True}}, "model.bf16: bf16 is a GPU option"),
+        ({"model": {"pp": 2}}, "does not implement pipeline parallelism"),
         ({"launcher": "mpirun"}, "launcher: 'mpirun' is not one of slurm, torchrun"),
         ({"time_limit": "90 minutes"}, "time_limit: '90 minutes' is not a Slurm time"),
         ({"fault": {"kill_at_step": 5}}, "fault.kill_at_step: 5 must lie after the first save"),
@@ -116,3 +122,18 @@ def test_load_cluster_reads_the_lab_spec(tmp_path: Path) -> None:
     (tmp_path / "c.yml").write_text("nodes: []\n")
     with pytest.raises(SpecInvalid, match="top-level key `cluster`"):
         config.load_cluster(tmp_path / "c.yml")
+
+
+@pytest.mark.parametrize("name", ["lab.yml", "h200.yml"])
+def test_trainer_accepts_the_generated_arguments(name: str) -> None:
+    from lcm_runner.train.args import parse_args, validate_world
+
+    cfg = config.load_run_config(ROOT / "configs" / name)
+    args = parse_args(cfg.to_train_args("/tmp/ck", telemetry_dir="/tmp/t"))
+    assert validate_world(args, cfg.world_size) == cfg.dp
+    assert (args.tp, args.ep, args.train_iters, args.save_interval) == (
+        cfg.model.tp,
+        cfg.model.ep,
+        cfg.train_iters,
+        cfg.save_interval,
+    )
