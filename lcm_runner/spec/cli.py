@@ -1,0 +1,54 @@
+"""`lcm-runner spec validate|docs`: the CLI side of the spec (register with add_parser)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import docs
+from .errors import SpecInvalid
+from .loader import load_cluster, load_inventory_groups
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from . import validate
+
+    try:
+        cluster = load_cluster(args.inventory)
+    except SpecInvalid as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    groups = None if args.no_inventory else load_inventory_groups(args.inventory)
+    errors = validate(cluster, groups)
+    for e in errors:
+        print(f"ERROR {e}", file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} error(s) in {args.inventory}", file=sys.stderr)
+        return 2
+    print(f"{args.inventory}: cluster spec {cluster['name']!r} valid")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("spec", help="validate the cluster spec or regenerate docs/spec.md")
+    sub = p.add_subparsers(dest="spec_cmd", required=True)
+    v = sub.add_parser("validate", help="validate inventories/<name> (spec + host groups)")
+    v.add_argument("inventory", help="inventory directory (or a cluster.yml with --no-inventory)")
+    v.add_argument("--no-inventory", action="store_true", help="check the spec file only")
+    v.set_defaults(func=_validate)
+    d = sub.add_parser("docs", help="write docs/spec.md from the schema")
+    d.add_argument("--out", default="docs/spec.md")
+    d.add_argument("--check", action="store_true")
+    d.set_defaults(func=lambda a: docs.main(["--out", a.out] + (["--check"] if a.check else [])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lcm-runner")
+    add_parser(ap.add_subparsers(dest="cmd", required=True))
+    args = ap.parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

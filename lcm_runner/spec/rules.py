@@ -1,0 +1,142 @@
+"""Cross-field rules of the cluster spec and the inventory checks (the schema's x-rules, in code)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from .errors import SpecError
+
+NODE_GROUPS = ("controller", "compute", "login", "monitoring")
+# Pairs of groups no host may be in together.
+EXCLUSIVE_GROUPS = (("controller", "compute"), ("login", "compute"))
+
+
+def _get(spec: Mapping[str, Any], dotted: str) -> Any:
+    cur: Any = spec
+    for part in dotted.split("."):
+        if not isinstance(cur, Mapping) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
+    """Rules between fields of a spec that already passed the schema (types are right)."""
+    e: list[SpecError] = []
+    gpu, fabric, storage, layers = c["gpu"], c["fabric"], c["storage"], c["layers"]
+
+    count = gpu["count_per_node"]
+    if gpu["model"] == "none" and count != 0:
+        e.append(SpecError("cluster.gpu.count_per_node", count, "0 when cluster.gpu.model is none"))
+    if gpu["model"] != "none" and count == 0:
+        e.append(SpecError("cluster.gpu.model", gpu["model"], "none when cluster.gpu.count_per_node is 0"))
+    if count > 0 and not gpu["gres_type"]:
+        e.append(
+            SpecError(
+                "cluster.gpu.gres_type", gpu["gres_type"], f"a gres type name (Gres=gpu:<type>:{count})"
+            )
+        )
+    if count == 0 and gpu["gres_type"]:
+        e.append(
+            SpecError("cluster.gpu.gres_type", gpu["gres_type"], '"" when count_per_node is 0 (no gres)')
+        )
+    if gpu["nvswitch"] and count < 2:
+        e.append(SpecError("cluster.gpu.nvswitch", True, f"false with {count} GPU(s) per node (needs >= 2)"))
+
+    ftype, hcas = fabric["type"], fabric["hcas"]
+    if ftype in ("infiniband", "roce") and not hcas:
+        e.append(
+            SpecError("cluster.fabric.hcas", hcas, f"at least one HCA (e.g. mlx5_0) for fabric type {ftype}")
+        )
+    if ftype == "ethernet" and hcas:
+        e.append(
+            SpecError("cluster.fabric.hcas", hcas, "[] for fabric type ethernet (or type infiniband/roce)")
+        )
+    if ftype == "infiniband" and fabric["rate_gbps"] == 0:
+        e.append(SpecError("cluster.fabric.rate_gbps", 0, "the expected IB link rate (100/200/400/800)"))
+    gid = fabric["roce_gid_index"]
+    if ftype == "roce" and gid is None:
+        e.append(
+            SpecError(
+                "cluster.fabric.roce_gid_index", gid, "an integer GID index (RoCE v2) for fabric type roce"
+            )
+        )
+    if ftype != "roce" and gid is not None:
+        e.append(SpecError("cluster.fabric.roce_gid_index", gid, f"null for fabric type {ftype}"))
+
+    mount, ckpt = PurePosixPath(storage["mountpoint"]), PurePosixPath(storage["checkpoint_dir"])
+    if ckpt != mount and mount not in ckpt.parents:
+        e.append(
+            SpecError(
+                "cluster.storage.checkpoint_dir", str(ckpt), f"a path inside storage.mountpoint ({mount})"
+            )
+        )
+    stype = storage["type"]
+    for kind in ("nfs", "existing"):
+        if stype == kind and kind not in storage:
+            e.append(
+                SpecError(f"cluster.storage.{kind}", None, f"a mapping (required for storage type {kind})")
+            )
+        if stype != kind and kind in storage:
+            e.append(SpecError(f"cluster.storage.{kind}", storage[kind], f"absent for storage type {stype}"))
+
+    parts = c["slurm"]["partitions"]
+    names = [p["name"] for p in parts]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        e.append(SpecError("cluster.slurm.partitions", names, f"unique partition names ({n!r} repeats)"))
+    defaults = [p["name"] for p in parts if p.get("default", False)]
+    if len(defaults) != 1:
+        e.append(SpecError("cluster.slurm.partitions[].default", defaults, "exactly one default partition"))
+
+    if layers["nvidia"] and count == 0:
+        e.append(SpecError("cluster.layers.nvidia", True, "false when cluster.gpu.count_per_node is 0"))
+    if layers["rdma"] and ftype == "ethernet":
+        e.append(SpecError("cluster.layers.rdma", True, "false for fabric type ethernet"))
+    if layers["pyxis"] and not (layers["enroot"] and layers["slurm"]):
+        e.append(
+            SpecError("cluster.layers.pyxis", True, "false unless layers.enroot and layers.slurm are true")
+        )
+    return e
+
+
+def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> list[SpecError]:
+    """Checks of the inventory's groups (Ansible's `groups` variable) against the spec."""
+    e: list[SpecError] = []
+    ctl = list(groups.get("controller", []))
+    if len(ctl) != 1:
+        e.append(SpecError("inventory.groups.controller", ctl, "exactly 1 host"))
+    if not groups.get("compute"):
+        e.append(SpecError("inventory.groups.compute", list(groups.get("compute", [])), "at least 1 host"))
+    if _get(c, "layers.monitoring") and not groups.get("monitoring"):
+        e.append(
+            SpecError(
+                "inventory.groups.monitoring",
+                list(groups.get("monitoring", [])),
+                "at least 1 host (layers.monitoring is true)",
+            )
+        )
+    for a, b in EXCLUSIVE_GROUPS:
+        both = sorted(set(groups.get(a, [])) & set(groups.get(b, [])))
+        for host in both:
+            e.append(
+                SpecError(
+                    f"inventory.host.{host}", [a, b], f"a host in only one of the exclusive groups {a} / {b}"
+                )
+            )
+    compute = set(groups.get("compute", []))
+    for i, part in enumerate(_get(c, "slurm.partitions") or []):
+        for g in part.get("groups", []):
+            path = f"cluster.slurm.partitions[{i}].groups"
+            if g not in groups:
+                known = ", ".join(sorted(k for k in groups if k not in ("all", "ungrouped")))
+                e.append(SpecError(path, g, f"an inventory group (known: {known})"))
+            elif not groups[g]:
+                e.append(SpecError(path, g, "a group with at least 1 host"))
+            elif not set(groups[g]) <= compute:
+                extra = sorted(set(groups[g]) - compute)
+                e.append(
+                    SpecError(path, g, f"a group of compute hosts only ({', '.join(extra)} not in compute)")
+                )
+    return e
