@@ -1,0 +1,317 @@
+"""Command-line arguments of `lcm-runner train`, named as in Megatron-LM's pretrain_gpt.py.
+
+`parse_args(argv)` returns a `TrainArgs` dataclass; `validate(args, world_size)` raises `ArgError`
+with a specific message for anything this build cannot honour, before any state is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+
+class ArgError(ValueError):
+    """A flag combination the trainer cannot honour (exit code ExitCode.BAD_ARGS)."""
+
+
+@dataclass
+class TrainArgs:
+    # model
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int | None
+    seq_length: int
+    max_position_embeddings: int | None
+    num_experts: int | None
+    moe_router_topk: int
+    moe_token_dispatcher_type: str
+    moe_aux_loss_coeff: float
+    vocab_size: int
+    # batch / parallelism
+    micro_batch_size: int
+    global_batch_size: int | None
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    expert_model_parallel_size: int
+    expert_tensor_parallel_size: int | None
+    sequence_parallel: bool
+    # precision / kernels
+    bf16: bool
+    fp16: bool
+    use_flash_attn: bool
+    transformer_impl: str
+    deterministic: bool
+    # optimisation
+    train_iters: int
+    lr: float
+    weight_decay: float
+    clip_grad: float
+    adam_beta1: float
+    adam_beta2: float
+    optimizer_impl: str
+    seed: int
+    # data
+    data_path: str | None
+    # checkpointing
+    save: str | None
+    save_interval: int
+    load: str | None
+    keep_last: int
+    async_save: bool
+    no_load_optim: bool
+    no_load_rng: bool
+    # runtime
+    device: str
+    distributed_timeout_minutes: float
+    telemetry_dir: str | None
+    log_interval: int
+    measure_comm: bool
+    exit_signal_handler: bool
+    # fault injection (tests and the fault stage)
+    fault_sleep_ms: int
+    fault_kill_at_step: int
+    fault_kill_rank: int
+    fault_crash_in_save: int
+    fault_crash_rank: int
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(
+        prog="lcm-runner train",
+        description="Megatron (megatron-core) MoE GPT training: GPUs with NCCL, or CPU with gloo.",
+    )
+    g = p.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, required=True)
+    g.add_argument("--hidden-size", type=int, required=True)
+    g.add_argument("--num-attention-heads", type=int, required=True)
+    g.add_argument("--ffn-hidden-size", type=int, default=None, help="default 4 * hidden size")
+    g.add_argument("--seq-length", type=int, required=True)
+    g.add_argument("--max-position-embeddings", type=int, default=None, help="default: --seq-length")
+    g.add_argument("--num-experts", type=int, default=None, help="MoE experts per layer (omit: dense)")
+    g.add_argument("--moe-router-topk", type=int, default=2)
+    g.add_argument("--moe-token-dispatcher-type", choices=("alltoall", "allgather"), default="alltoall")
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    g.add_argument("--vocab-size", type=int, default=256, help="synthetic data vocabulary (and model's)")
+    g = p.add_argument_group("batch and parallelism")
+    g.add_argument("--micro-batch-size", type=int, required=True)
+    g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch x DP size")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--expert-model-parallel-size", type=int, default=1)
+    g.add_argument("--expert-tensor-parallel-size", type=int, default=None)
+    g.add_argument("--sequence-parallel", action="store_true", help="implied by MoE with TP > 1")
+    g = p.add_argument_group("precision and kernels")
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--fp16", action="store_true", help="not supported (use --bf16); fails clearly")
+    g.add_argument("--use-flash-attn", action="store_true", help="needs Transformer Engine (GPU)")
+    g.add_argument(
+        "--transformer-impl",
+        choices=("auto", "local", "transformer_engine"),
+        default="auto",
+        help="layer spec: Transformer Engine when installed (auto), else megatron-core's local spec",
+    )
+    g.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch.use_deterministic_algorithms + CUBLAS_WORKSPACE_CONFIG (GPU); CPU is deterministic",
+    )
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--train-iters", type=int, required=True)
+    g.add_argument("--lr", type=float, default=1e-3)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument(
+        "--optimizer-impl",
+        choices=("auto", "megatron", "torch"),
+        default="auto",
+        help="megatron: get_megatron_optimizer (GPU); torch: AdamW on main grads (CPU). auto picks by device",
+    )
+    g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("data")
+    g.add_argument(
+        "--data-path",
+        default=None,
+        help="Megatron indexed dataset prefix (<prefix>.bin/.idx); default: deterministic synthetic tokens",
+    )
+    g = p.add_argument_group("checkpointing")
+    g.add_argument("--save", default=None, help="checkpoint directory (Megatron-LM layout)")
+    g.add_argument("--save-interval", type=int, default=0, help="save every N steps (0: only on signal)")
+    g.add_argument("--load", default=None, help="resume from this directory's latest (default: --save)")
+    g.add_argument("--keep-last", type=int, default=3, help="keep the last N complete checkpoints (0: all)")
+    g.add_argument("--async-save", action="store_true", help="write shards in a background process")
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    g.add_argument(
+        "--distributed-timeout-minutes",
+        type=float,
+        default=0.5,
+        help="collective timeout; bounds how long a lost peer can stall the job (default 0.5)",
+    )
+    g.add_argument(
+        "--telemetry-dir",
+        default=None,
+        help="where rank<R>.jsonl go (default: $LCM_RUN_DIR/telemetry, else <save>/../telemetry)",
+    )
+    g.add_argument("--log-interval", type=int, default=1)
+    g.add_argument(
+        "--no-measure-comm",
+        dest="measure_comm",
+        action="store_false",
+        help="skip timing the gradient all-reduce (comm_time_s) separately",
+    )
+    g.add_argument(
+        "--no-exit-signal-handler",
+        dest="exit_signal_handler",
+        action="store_false",
+        help="do not turn SIGUSR1/SIGTERM into save-and-requeue",
+    )
+    g = p.add_argument_group("fault injection")
+    g.add_argument("--fault-sleep-ms", type=int, default=0, help="sleep this long before each step")
+    g.add_argument(
+        "--fault-kill-at-step", type=int, default=0, help="SIGKILL a rank at this step (attempt 0)"
+    )
+    g.add_argument("--fault-kill-rank", type=int, default=0)
+    g.add_argument(
+        "--fault-crash-in-save",
+        type=int,
+        default=0,
+        help="hard-exit a rank after its shards of this step's checkpoint are written, before it completes",
+    )
+    g.add_argument("--fault-crash-rank", type=int, default=0)
+    return p
+
+
+def from_namespace(ns: argparse.Namespace) -> TrainArgs:
+    names = {f.name for f in fields(TrainArgs)}
+    return TrainArgs(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def parse_args(argv: list[str] | None = None) -> TrainArgs:
+    args = from_namespace(build_parser().parse_args(argv))
+    validate_static(args)
+    return args
+
+
+def _positive(args: TrainArgs, *names: str) -> None:
+    for n in names:
+        v = getattr(args, n)
+        if v is not None and v <= 0:
+            raise ArgError(f"--{n.replace('_', '-')} must be > 0 (got {v})")
+
+
+def validate_static(args: TrainArgs) -> None:
+    """Checks that need no process group. Raises ArgError."""
+    _positive(
+        args,
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+        "global_batch_size",
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "train_iters",
+        "vocab_size",
+        "ffn_hidden_size",
+        "distributed_timeout_minutes",
+        "log_interval",
+    )
+    if args.num_experts is not None and args.num_experts <= 0:
+        raise ArgError(f"--num-experts must be > 0 (got {args.num_experts})")
+    if args.hidden_size % args.num_attention_heads:
+        raise ArgError(
+            f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
+            f"{args.num_attention_heads}"
+        )
+    if args.pp > 1:
+        raise ArgError(
+            "--pipeline-model-parallel-size > 1 is not implemented by this engine (its schedule is "
+            "megatron's get_forward_backward_func, which is not wired up here); use TP/EP/DP"
+        )
+    if args.fp16:
+        raise ArgError("--fp16 is not supported (no loss scaler wired up); use --bf16")
+    if args.num_experts is None:
+        if args.ep > 1:
+            raise ArgError("--expert-model-parallel-size > 1 needs --num-experts")
+    else:
+        if args.num_experts % args.ep:
+            raise ArgError(
+                f"--num-experts {args.num_experts} is not divisible by --expert-model-parallel-size {args.ep}"
+            )
+        if not 1 <= args.moe_router_topk <= args.num_experts:
+            raise ArgError(
+                f"--moe-router-topk {args.moe_router_topk} must be in 1..--num-experts ({args.num_experts})"
+            )
+    if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
+        raise ArgError(
+            f"--max-position-embeddings {args.max_position_embeddings} < --seq-length {args.seq_length}"
+        )
+    if args.save_interval < 0 or args.keep_last < 0:
+        raise ArgError("--save-interval and --keep-last must be >= 0")
+    if args.save_interval and not args.save:
+        raise ArgError("--save-interval needs --save")
+    if args.async_save and not args.save:
+        raise ArgError("--async-save needs --save")
+    if args.fault_crash_in_save and not args.save:
+        raise ArgError("--fault-crash-in-save needs --save")
+    if args.data_path is not None:
+        prefix = Path(args.data_path)
+        for ext in (".bin", ".idx"):
+            if not Path(str(prefix) + ext).is_file():
+                raise ArgError(f"--data-path {args.data_path}: {prefix}{ext} does not exist")
+    if args.device == "cpu" and args.bf16:
+        raise ArgError("--bf16 is a GPU option (Float16Module); CPU runs train in fp32")
+
+
+def validate_world(args: TrainArgs, world_size: int) -> int:
+    """Checks against the launched world size; returns the data-parallel size. Raises ArgError."""
+    mp = args.tp * args.pp
+    if world_size % mp:
+        raise ArgError(f"world size {world_size} is not divisible by TP x PP = {mp}")
+    dp = world_size // mp
+    etp = args.expert_tensor_parallel_size or args.tp
+    if world_size % (args.ep * etp * args.pp):
+        raise ArgError(
+            f"world size {world_size} is not divisible by EP x ETP x PP = {args.ep * etp * args.pp}"
+        )
+    if args.num_attention_heads % args.tp:
+        raise ArgError(f"--num-attention-heads {args.num_attention_heads} is not divisible by TP {args.tp}")
+    gbs = args.global_batch_size or args.micro_batch_size * dp
+    if gbs % (args.micro_batch_size * dp):
+        raise ArgError(
+            f"--global-batch-size {gbs} is not divisible by micro batch {args.micro_batch_size} x DP {dp}"
+        )
+    return dp
+
+
+def resolve_telemetry_dir(args: TrainArgs) -> Path:
+    if args.telemetry_dir:
+        return Path(args.telemetry_dir)
+    run_dir = os.environ.get("LCM_RUN_DIR")
+    if run_dir:
+        return Path(run_dir) / "telemetry"
+    if args.save:
+        return Path(args.save).resolve().parent / "telemetry"
+    return Path("telemetry")

@@ -1,0 +1,345 @@
+"""The training loop: distributed setup, resume, steps, checkpoints, signals, telemetry, exit codes."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lcm_runner.contracts import EVENT_EXIT, EVENT_SIGNAL, EVENT_START, EVENT_STEP, ExitCode
+
+from . import cpu_compat
+from .args import ArgError, TrainArgs, resolve_telemetry_dir, validate_world
+from .telemetry import TelemetryWriter, attempt_from_env, job_from_env
+
+
+def resolve_device(args: TrainArgs) -> str:
+    if args.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ArgError("--device cuda: no CUDA device is visible to this process")
+    return args.device
+
+
+def _default_single_process_env() -> None:
+    """Allow `python -m lcm_runner.train ...` without torchrun: a world of one on loopback."""
+    if "RANK" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
+
+
+def init_distributed(device: str, timeout_minutes: float) -> None:
+    _default_single_process_env()
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # abort on timeout, do not hang
+        dist.init_process_group(
+            "nccl", timeout=timeout, device_id=torch.device("cuda", torch.cuda.current_device())
+        )
+        return
+    # torchrun shares its rendezvous TCPStore with the workers unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1;
+    # after a restart a gloo group can then read the previous attempt's peer addresses and fail or hang.
+    # One agent: namespace the keys by attempt. Several agents: the launcher must set the variable.
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if shared and os.environ.get("GROUP_WORLD_SIZE", "1") == "1":
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+        )
+        prefixed = dist.PrefixStore(f"lcm_attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(
+            "gloo",
+            store=prefixed,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
+        )
+        return
+    if shared:
+        print(
+            "warning: torchrun shares its TCPStore with gloo workers across several agents; "
+            "set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 or restarts may hang",
+            flush=True,
+        )
+    dist.init_process_group("gloo", timeout=timeout)
+
+
+@dataclass
+class StepResult:
+    loss: float
+    step_time_s: float
+    comm_time_s: float
+    grad_norm: float | None
+
+
+class Trainer:
+    def __init__(self, args: TrainArgs, device: str, dp: int, tel: TelemetryWriter):
+        from megatron.core import parallel_state as ps
+
+        from . import model as model_mod
+        from .checkpoint import CheckpointManager, Fault
+        from .data import make_source
+
+        self.args, self.device, self.dp, self.tel = args, device, dp, tel
+        self.ps = ps
+        self.rank = dist.get_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        gbs = args.global_batch_size or args.micro_batch_size * dp
+        self.global_batch = gbs
+        self.num_micro = gbs // (args.micro_batch_size * dp)
+        self.tokens_per_step = gbs * args.seq_length
+        self.built = model_mod.build(args, device)
+        self.source = make_source(
+            args.data_path, args.seed, args.seq_length, args.micro_batch_size, args.vocab_size
+        )
+        dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.dev = dev
+        seq = args.seq_length
+        # explicit causal mask: with None megatron builds it on CUDA (True = masked out)
+        self.mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1).to(dev)
+        self.pos = torch.arange(seq).unsqueeze(0).expand(args.micro_batch_size, -1).to(dev)
+        load_dir = Path(args.load) if args.load else (Path(args.save) if args.save else None)
+        self.ckpt = CheckpointManager(
+            save_dir=Path(args.save) if args.save else None,
+            load_dir=load_dir,
+            keep_last=args.keep_last,
+            async_save=args.async_save,
+            telemetry=tel,
+            device=device,
+            fault=Fault(args.fault_crash_in_save, args.fault_crash_rank),
+        )
+
+    def meta(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "seed": a.seed,
+            "world_size": dist.get_world_size(),
+            "tp": a.tp,
+            "ep": a.ep,
+            "dp": self.dp,
+            "global_batch_size": self.global_batch,
+            "seq_length": a.seq_length,
+            "data": a.data_path or "synthetic",
+        }
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def train_step(self, step: int) -> StepResult:
+        from megatron.core.distributed import finalize_model_grads
+
+        b = self.built
+        t0 = time.perf_counter()
+        b.model.zero_grad_buffer()
+        b.optimizer.zero_grad()
+        total = torch.zeros((), dtype=torch.float32, device=self.dev)
+        for micro in range(self.num_micro):
+            batch = self.source.batch(step, self.dp_rank, micro)
+            tokens = batch.tokens.to(self.dev, non_blocking=True)
+            labels = batch.labels.to(self.dev, non_blocking=True)
+            out = b.model(tokens, self.pos, self.mask, labels=labels)  # per-token CE [b, s]
+            loss = out.float().mean() / self.num_micro
+            loss.backward()
+            total += loss.detach()
+        comm = 0.0
+        if self.args.measure_comm:
+            self._sync()
+            tc = time.perf_counter()
+        finalize_model_grads([b.model])  # DP + expert-DP grad all-reduce, SP/TP norm grads
+        if self.args.measure_comm:
+            self._sync()
+            comm += time.perf_counter() - tc
+        grad_norm: float | None = None
+        if b.optimizer_impl == "megatron":
+            ok, gn, _ = b.optimizer.step()
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} skipped (non-finite gradients)")
+            grad_norm = float(gn) if gn is not None else None
+        else:
+            for w in b.model.parameters():
+                w.grad = w.main_grad
+            b.optimizer.step()
+        tc = time.perf_counter()
+        dist.all_reduce(total, group=self.ps.get_data_parallel_group())
+        value = total.item() / self.dp  # .item() synchronises the device
+        comm += time.perf_counter() - tc
+        return StepResult(value, time.perf_counter() - t0, comm, grad_norm)
+
+    def stop_requested(self, handler: Any) -> bool:
+        flag = torch.tensor([1 if handler is not None and handler.pending() else 0], dtype=torch.int32)
+        flag = flag.to(self.dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(int(flag.item()))
+
+    def run(self, handler: Any, attempt: int) -> ExitCode:
+        a = self.args
+        from .checkpoint import read_latest
+
+        latest = read_latest(self.ckpt.load_dir) if self.ckpt.load_dir else None
+        self.tel.emit(
+            EVENT_START,
+            world_size=dist.get_world_size(),
+            tp=a.tp,
+            pp=a.pp,
+            ep=a.ep,
+            dp=self.dp,
+            resumed_from=latest,
+            device=self.device,
+            backend=dist.get_backend(),
+            transformer_impl=self.built.transformer_impl,
+            optimizer_impl=self.built.optimizer_impl,
+            num_params=self.built.num_params,
+            num_microbatches=self.num_micro,
+            global_batch_size=self.global_batch,
+            seq_length=a.seq_length,
+            async_save=a.async_save,
+            durable=True,
+        )
+        start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)
+        if self.rank == 0:
+            print(
+                f"lcm-train: world {dist.get_world_size()} tp {a.tp} ep {a.ep} dp {self.dp} "
+                f"device {self.device} "
+                f"params/rank {self.built.num_params} start step {start + 1} of {a.train_iters}",
+                flush=True,
+            )
+        last_saved = start
+        for step in range(start + 1, a.train_iters + 1):
+            if a.fault_kill_at_step == step and attempt == 0 and self.rank == a.fault_kill_rank:
+                print(
+                    f"[rank{self.rank}] fault injection: SIGKILL at step {step} t={time.time():.3f}",
+                    flush=True,
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+            if a.fault_sleep_ms:
+                time.sleep(a.fault_sleep_ms / 1000.0)
+            r = self.train_step(step)
+            rec: dict[str, Any] = dict(
+                step=step,
+                loss=r.loss,
+                loss_hex=float(r.loss).hex(),
+                step_time_s=round(r.step_time_s, 6),
+                tokens_per_s=round(self.tokens_per_step / r.step_time_s, 3),
+            )
+            if a.measure_comm:
+                rec["comm_time_s"] = round(r.comm_time_s, 6)
+            if r.grad_norm is not None:
+                rec["grad_norm"] = r.grad_norm
+            self.tel.emit(EVENT_STEP, **rec)
+            if self.rank == 0 and (step % a.log_interval == 0 or step == a.train_iters):
+                print(
+                    f"step {step} loss {r.loss:.6f} ({rec['loss_hex']}) "
+                    f"step_time {r.step_time_s * 1000:.1f} ms "
+                    f"tokens/s {rec['tokens_per_s']:.0f}",
+                    flush=True,
+                )
+            self.ckpt.finalize(blocking=False)
+            if self.stop_requested(handler):
+                if a.save:
+                    self.ckpt.save(self.built, step, self.meta(), force_sync=True)
+                self.ckpt.finalize(blocking=True)
+                self.tel.emit(
+                    EVENT_EXIT,
+                    code=int(ExitCode.REQUEUE),
+                    reason="signal: checkpointed, requeue",
+                    durable=True,
+                )
+                return ExitCode.REQUEUE
+            if a.save and a.save_interval and step % a.save_interval == 0:
+                self.ckpt.save(self.built, step, self.meta())
+                last_saved = step
+        if a.save and last_saved != a.train_iters and a.train_iters > start:
+            self.ckpt.save(self.built, a.train_iters, self.meta())
+        self.ckpt.finalize(blocking=True)
+        self.tel.emit(EVENT_EXIT, code=int(ExitCode.OK), reason="finished", durable=True)
+        return ExitCode.OK
+
+
+def run(args: TrainArgs) -> int:
+    """Train; returns an ExitCode. Must be called from a `__main__`-guarded entry point."""
+    from .signals import ExitSignalHandler
+
+    warnings.filterwarnings("ignore", module=r"megatron\..*")
+    device = resolve_device(args)
+    if device == "cpu":
+        cpu_compat.stub_triton_kernels()
+        cpu_compat.apply()
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    elif args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    handler = ExitSignalHandler() if args.exit_signal_handler else None
+    if handler is not None:
+        handler.install()  # before the process group: a signal during setup is not lost
+    init_distributed(device, args.distributed_timeout_minutes)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    from . import model as model_mod
+
+    try:
+        dp = validate_world(args, world)
+        model_mod.resolve_impl(args, device)
+        model_mod.resolve_optimizer_impl(args, device)
+    except ArgError as e:
+        if rank == 0:
+            print(f"lcm-runner train: error: {e}", flush=True)
+        dist.destroy_process_group()
+        return int(ExitCode.BAD_ARGS)
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    attempt = attempt_from_env()
+    tel = TelemetryWriter(resolve_telemetry_dir(args), rank, attempt, job_from_env())
+    if handler is not None:
+        orig = handler._handle
+
+        def _record(signum: int, frame: Any) -> None:
+            orig(signum, frame)
+            tel.emit(EVENT_SIGNAL, name=signal.Signals(signum).name)
+
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, _record)
+    try:
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=args.tp,
+            pipeline_model_parallel_size=args.pp,
+            expert_model_parallel_size=args.ep,
+            expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+        )
+        torch.manual_seed(args.seed)  # use_cpu_initialization draws weights from the CPU generator
+        # The default RNG tracker needs CUDA; the "inference" tracker is valid because dropout is 0.
+        tensor_parallel.model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=device == "cpu")
+        code = Trainer(args, device, dp, tel).run(handler, attempt)
+    except Exception as e:
+        traceback.print_exc()
+        tel.emit(
+            EVENT_EXIT, code=int(ExitCode.FAILURE), reason=f"{type(e).__name__}: {e}"[:500], durable=True
+        )
+        tel.close()
+        return int(ExitCode.FAILURE)
+    tel.close()
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+    return int(code)

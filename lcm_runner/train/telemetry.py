@@ -1,0 +1,56 @@
+"""Trainer-side telemetry writer: <run_dir>/telemetry/rank<R>.jsonl, one JSON object a line.
+
+Every record carries ts, event, rank, attempt, job (lcm_runner.contracts). Lines are appended and
+flushed (and fsynced for the rare events) so that a SIGKILL loses at most the line being written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from lcm_runner.contracts import telemetry_file_name
+
+
+def attempt_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    """Restart count: torchrun's TORCHELASTIC_RESTART_COUNT plus Slurm's SLURM_RESTART_COUNT (requeues)."""
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) + int(
+        env.get("SLURM_RESTART_COUNT", "0") or 0
+    )
+
+
+def job_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> str:
+    return env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("LCM_RUN_ID") or "local"
+
+
+@dataclass
+class TelemetryWriter:
+    directory: Path
+    rank: int
+    attempt: int
+    job: str
+    _fh: TextIO | None = None
+
+    def __post_init__(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / telemetry_file_name(self.rank)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
+
+    def emit(self, event: str, durable: bool = False, **data: Any) -> dict[str, Any]:
+        rec = {"ts": time.time(), "event": event, "rank": self.rank, "attempt": self.attempt, "job": self.job}
+        rec.update(data)
+        assert self._fh is not None
+        self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        self._fh.flush()
+        if durable:
+            os.fsync(self._fh.fileno())
+        return rec
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
