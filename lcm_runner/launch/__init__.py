@@ -1,0 +1,1 @@
+"""Launchers: the per-node agent, the local (torchrun-style) and Slurm launchers."""

@@ -1,0 +1,478 @@
+"""lcm-agent: one per node. A pre-imported zygote that forks the node's training ranks and restarts
+them in place when any rank on any node fails.
+
+Why not stock torchrun: its restart re-execs every worker, so each recovery pays interpreter start and
+the torch + megatron imports again (seconds on a busy CPU), and its monitor waits for the whole worker
+group before the rendezvous round. This agent
+
+- imports torch, torch.distributed and the trainer's modules ONCE, before any thread or CUDA context
+  exists, then ``fork()``s the ranks from that warm image (a zygote, as Android's app launcher does);
+- watches its ranks with ``waitpid`` every 20 ms and publishes a failure at once in a small TCPStore
+  (hosted by the node-0 agent) that every agent polls, so a kill on one node is seen by the others
+  in tens of milliseconds without waiting for a collective to time out;
+- tears the ranks down by process group (``killpg`` SIGKILL: the rank and the multiprocessing helpers
+  it started), as a child subreaper so nothing is re-parented away, and checks that nothing tagged for
+  this node is left before it forks the next generation;
+- gives every generation a fresh rendezvous port for the ranks' own store (the stale-peer bug of
+  torchrun's shared TCPStore with gloo cannot happen);
+- heartbeats through the store: a node whose agent stops (node loss) is declared lost after
+  ``hb_timeout_s`` and every survivor tears down and exits ``NODE_LOST`` (76) within that bound, so
+  the scheduler (Slurm requeue / the local launcher) relaunches from the last checkpoint instead of
+  a survivor waiting for the default rendezvous/NCCL timeouts.
+
+The trainer runs unchanged: the rank executes ``python -m <module> <args>`` semantics through
+``runpy`` with the usual torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT,
+TORCHELASTIC_RESTART_COUNT = generation). Events go to ``--events`` (JSON lines) for the stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import pkgutil
+import runpy
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from lcm_runner.contracts import ExitCode
+from lcm_runner.launch import procs
+
+
+class AgentExit(IntEnum):
+    OK = 0
+    FAILURE = 1  # a rank failed and the restart budget is spent, or the agent could not start
+    BAD_ARGS = 2
+    REQUEUE = int(ExitCode.REQUEUE)  # ranks checkpointed after a preemption signal
+    NODE_LOST = 76  # a peer node (its agent) vanished or never joined: relaunch from the checkpoint
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+_PR_SET_CHILD_SUBREAPER = 36
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@dataclass
+class AgentConfig:
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    max_restarts: int = 3
+    join_timeout_s: float = 60.0
+    hb_interval_s: float = 0.25
+    hb_timeout_s: float = 3.0
+    poll_s: float = 0.02
+    module: str = "lcm_runner.train"
+    preload: list[str] = field(default_factory=list)
+    events: Path | None = None
+    log_dir: Path | None = None
+    train_args: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be in [0, nnodes={self.nnodes})")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if not 1024 <= self.master_port <= 65535 - 1 - self.max_restarts:
+            raise ValueError(
+                f"master_port {self.master_port} leaves no room for {self.max_restarts} restarts"
+            )
+        if self.max_restarts < 0:
+            raise ValueError("max_restarts must be >= 0")
+        if self.hb_timeout_s <= 2 * self.hb_interval_s:
+            raise ValueError("hb_timeout_s must exceed twice hb_interval_s")
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+class _Events:
+    def __init__(self, path: Path | None, node_rank: int) -> None:
+        self._node = node_rank
+        self._fh = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = path.open("a", buffering=1)
+
+    def emit(self, event: str, **data: Any) -> None:
+        rec = {"ts": time.time(), "event": event, "node_rank": self._node, "pid": os.getpid(), **data}
+        line = json.dumps(rec)
+        if self._fh is not None:
+            self._fh.write(line + "\n")
+        print(f"[lcm-agent node{self._node}] {line}", file=sys.stderr, flush=True)
+
+
+def preload(cfg: AgentConfig) -> list[str]:
+    """Import what the ranks need, once. Default: torch, torch.distributed and every module of the
+    trainer's package (not its __main__), so a forked rank starts with all of them in memory."""
+    names = list(cfg.preload) or ["torch", "torch.distributed"]
+    if not cfg.preload:
+        pkg_name = cfg.module.rsplit(".", 1)[0] if cfg.module.endswith(".__main__") else cfg.module
+        pkg = importlib.import_module(pkg_name)
+        names.append(pkg_name)
+        for info in pkgutil.walk_packages(getattr(pkg, "__path__", []), prefix=pkg_name + "."):
+            if not info.name.endswith("__main__"):
+                names.append(info.name)
+    for name in names:
+        importlib.import_module(name)
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise RuntimeError("CUDA was initialised while preloading: forked ranks could not use it")
+    return names
+
+
+@dataclass
+class _Worker:
+    rank: int
+    local_rank: int
+    pid: int
+    code: int | None = None
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.ev = _Events(cfg.events, cfg.node_rank)
+        self.store: Any = None
+        self.gen = 0
+        self.workers: list[_Worker] = []
+        self.pending_signal: int | None = None
+        self.forwarded = False
+        self._reaped: dict[int, int] = {}
+        self._hb_next = 0.0
+        self._peer_seen: dict[int, tuple[int, float]] = {}
+
+    # --- store -----------------------------------------------------------------------------------
+    def connect(self) -> None:
+        import torch.distributed as dist
+
+        c = self.cfg
+        self.store = dist.TCPStore(
+            c.master_addr,
+            c.master_port,
+            None,
+            c.node_rank == 0,
+            timedelta(seconds=c.join_timeout_s),
+            wait_for_workers=False,
+        )
+        self.store.set_timeout(timedelta(seconds=c.hb_timeout_s))
+
+    def _heartbeat(self) -> str | None:
+        """Beat, and return the first peer whose beat stopped (None when all are alive)."""
+        now = time.monotonic()
+        if now < self._hb_next:
+            return None
+        self._hb_next = now + self.cfg.hb_interval_s
+        self.store.add(f"hb/{self.cfg.node_rank}", 1)
+        for peer in range(self.cfg.nnodes):
+            if peer == self.cfg.node_rank or self.store.check([f"done/{self.gen}/{peer}"]):
+                continue
+            count = self.store.add(f"hb/{peer}", 0)
+            last = self._peer_seen.get(peer)
+            if last is None or last[0] != count:
+                self._peer_seen[peer] = (count, now)
+            elif now - last[1] > self.cfg.hb_timeout_s:
+                return f"node{peer} heartbeat stopped {now - last[1]:.1f}s ago"
+        return None
+
+    def rendezvous(self) -> str | None:
+        """All agents join generation ``gen``; returns a reason when that fails within join_timeout_s."""
+        t0 = time.monotonic()
+        key = f"join/{self.gen}"
+        self.store.add(key, 1)
+        deadline = t0 + self.cfg.join_timeout_s
+        while True:
+            joined = self.store.add(key, 0)
+            if joined >= self.cfg.nnodes:
+                break
+            if self.store.check([f"lost/{self.gen}"]):
+                return self.store.get(f"lost/{self.gen}").decode()
+            if time.monotonic() > deadline:
+                return (
+                    f"only {joined}/{self.cfg.nnodes} nodes joined generation {self.gen} "
+                    f"within {self.cfg.join_timeout_s}s"
+                )
+            lost = self._heartbeat()
+            if lost and self.gen > 0:
+                return lost
+            time.sleep(self.cfg.poll_s)
+        self._peer_seen.clear()
+        self.ev.emit("rendezvous", gen=self.gen, wait_s=round(time.monotonic() - t0, 4))
+        return None
+
+    # --- ranks -----------------------------------------------------------------------------------
+    def _child(self, w: _Worker, env: dict[str, str]) -> None:
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            libc = _libc()
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_NAME, procs.TRAINER_COMM.encode(), 0, 0, 0)
+            for s in (*_FORWARDED, signal.SIGCHLD):
+                signal.signal(s, signal.SIG_DFL)
+            os.environ.update(env)
+            if self.cfg.log_dir is not None:
+                fd = os.open(
+                    self.cfg.log_dir / f"rank{w.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+                )
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+            sys.argv = [self.cfg.module, *self.cfg.train_args]
+            runpy.run_module(self.cfg.module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os._exit(code)
+
+    def spawn(self) -> None:
+        c = self.cfg
+        world = c.nnodes * c.nproc_per_node
+        self.workers = []
+        for local in range(c.nproc_per_node):
+            rank = c.node_rank * c.nproc_per_node + local
+            env = {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local),
+                "GROUP_RANK": str(c.node_rank),
+                "NODE_RANK": str(c.node_rank),
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": str(c.nproc_per_node),
+                "MASTER_ADDR": c.master_addr,
+                "MASTER_PORT": str(c.master_port + 1 + self.gen),
+                "TORCHELASTIC_RESTART_COUNT": str(self.gen),
+                "TORCHELASTIC_MAX_RESTARTS": str(c.max_restarts),
+                "LCM_ATTEMPT": str(self.gen),
+            }
+            pid = os.fork()
+            w = _Worker(rank, local, pid)
+            if pid == 0:
+                self._child(w, env)
+            # the child does it too; whichever runs first wins, the other finds it done
+            with contextlib.suppress(PermissionError, ProcessLookupError):
+                os.setpgid(pid, pid)
+            self.workers.append(w)
+        self.ev.emit("spawn", gen=self.gen, pids=[w.pid for w in self.workers])
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self._reaped[pid] = os.waitstatus_to_exitcode(status)
+
+    def teardown(self, why: str) -> None:
+        t0 = time.monotonic()
+        for w in self.workers:
+            if w.code is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(w.pid, signal.SIGKILL)
+        # everything started for this node except this agent: helpers in other groups, orphans
+        tag = os.environ.get(procs.TAG_ENV)
+        left: list[procs.Proc] = []
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            self._reap()
+            alive = [w for w in self.workers if w.code is None and w.pid not in self._reaped]
+            left = [p for p in procs.scan(tag, os.environ.get(procs.NODE_ENV))] if tag else []
+            if tag:
+                procs.kill(left)
+            if not alive and not left:
+                break
+            time.sleep(0.01)
+        for w in self.workers:
+            if w.code is None:
+                w.code = self._reaped.get(w.pid)
+        self.ev.emit(
+            "teardown", gen=self.gen, why=why, s=round(time.monotonic() - t0, 4), left=[p.pid for p in left]
+        )
+
+    def monitor(self) -> tuple[str, str]:
+        """Until the generation ends: ("done"|"restart"|"lost"|"requeue"|"signalled", detail)."""
+        key = f"restart/{self.gen}"
+        while True:
+            self._reap()
+            for w in self.workers:
+                if w.code is None and w.pid in self._reaped:
+                    w.code = self._reaped[w.pid]
+                    if w.code != 0 and not self.forwarded:
+                        detail = f"node{self.cfg.node_rank} rank{w.rank} exited {w.code}"
+                        self.store.compare_set(key, "", detail)
+                        self.ev.emit("failure", gen=self.gen, source="local", rank=w.rank, code=w.code)
+                        return "restart", detail
+            if all(w.code is not None for w in self.workers):
+                codes = {w.code for w in self.workers}
+                if codes == {0}:
+                    return "done", ""
+                if int(ExitCode.REQUEUE) in codes:
+                    return "requeue", str(sorted(codes))
+                return "signalled", str(sorted(codes))
+            if self.pending_signal is not None:
+                sig, self.pending_signal = self.pending_signal, None
+                self.forwarded = True
+                self.ev.emit("signal", gen=self.gen, name=signal.Signals(sig).name)
+                for w in self.workers:
+                    if w.code is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(w.pid, sig)
+            if not self.forwarded:
+                if self.store.check([key]):
+                    detail = self.store.get(key).decode()
+                    self.ev.emit("failure", gen=self.gen, source="remote", detail=detail)
+                    return "restart", detail
+                lost = self._heartbeat()
+                if lost:
+                    self.store.compare_set(f"lost/{self.gen}", "", lost)
+                    self.store.compare_set(f"lost/{self.gen + 1}", "", lost)
+                    self.ev.emit("node_lost", gen=self.gen, detail=lost)
+                    return "lost", lost
+                if self.store.check([f"lost/{self.gen}"]):
+                    return "lost", self.store.get(f"lost/{self.gen}").decode()
+            time.sleep(self.cfg.poll_s)
+
+    def _finish(self) -> None:
+        """Mark this node done; node 0 keeps the store up until every node is done (bounded)."""
+        self.store.set(f"done/{self.gen}/{self.cfg.node_rank}", "1")
+        if self.cfg.node_rank != 0:
+            return
+        deadline = time.monotonic() + self.cfg.hb_timeout_s * 2
+        peers = [f"done/{self.gen}/{n}" for n in range(self.cfg.nnodes)]
+        while time.monotonic() < deadline and not self.store.check(peers):
+            time.sleep(self.cfg.poll_s)
+
+    # --- main ------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.pending_signal = signum
+
+    def run(self) -> int:
+        c = self.cfg
+        t0 = time.monotonic()
+        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if c.log_dir is not None:
+            c.log_dir.mkdir(parents=True, exist_ok=True)
+        names = preload(c)
+        self.ev.emit("ready", import_s=round(time.monotonic() - t0, 3), preloaded=len(names))
+        for s in _FORWARDED:
+            signal.signal(s, self._on_signal)
+        try:
+            self.connect()
+        except Exception as e:  # node 0 never came up
+            self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store: {e}")
+            return int(AgentExit.NODE_LOST)
+        try:
+            return self._loop()
+        except Exception as e:  # the store host is gone (node 0 lost) or the store broke
+            self.ev.emit("store_error", gen=self.gen, error=repr(e))
+            self.teardown("store error")
+            self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store: {e}")
+            return int(AgentExit.NODE_LOST)
+
+    def _loop(self) -> int:
+        c = self.cfg
+        while True:
+            if self.pending_signal is not None:
+                self.ev.emit("exit", code=128 + self.pending_signal, reason="signal before spawn")
+                return 128 + self.pending_signal
+            failed = self.rendezvous()
+            if failed is not None:
+                self.ev.emit("node_lost", gen=self.gen, detail=failed)
+                self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=failed)
+                return int(AgentExit.NODE_LOST)
+            self.spawn()
+            outcome, detail = self.monitor()
+            if outcome == "done":
+                self._finish()
+                self.ev.emit("exit", code=0, reason="ranks finished")
+                return 0
+            self.teardown(f"{outcome}: {detail}")
+            if outcome == "requeue":
+                self.ev.emit("exit", code=int(AgentExit.REQUEUE), reason=detail)
+                return int(AgentExit.REQUEUE)
+            if outcome == "signalled":
+                self.ev.emit(
+                    "exit", code=int(AgentExit.FAILURE), reason=f"ranks exited {detail} after a signal"
+                )
+                return int(AgentExit.FAILURE)
+            if outcome == "lost":
+                self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=detail)
+                return int(AgentExit.NODE_LOST)
+            if self.gen >= c.max_restarts:
+                self.ev.emit("exit", code=int(AgentExit.FAILURE), reason=f"restarts spent: {detail}")
+                return int(AgentExit.FAILURE)
+            self.gen += 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m lcm_runner.launch.agent",
+        description="Per-node training agent with in-place (fork) restarts. Trainer args follow '--'.",
+    )
+    ap.add_argument("--nnodes", type=int, required=True)
+    ap.add_argument("--node-rank", type=int, required=True)
+    ap.add_argument("--nproc-per-node", type=int, required=True)
+    ap.add_argument("--master-addr", required=True)
+    ap.add_argument("--master-port", type=int, required=True)
+    ap.add_argument("--max-restarts", type=int, default=3)
+    ap.add_argument("--join-timeout", type=float, default=60.0, help="seconds for all nodes to (re)join")
+    ap.add_argument("--hb-timeout", type=float, default=3.0, help="seconds without a peer heartbeat = lost")
+    ap.add_argument("--module", default="lcm_runner.train")
+    ap.add_argument("--preload", default="", help="comma-separated modules (default: torch + trainer pkg)")
+    ap.add_argument("--events", type=Path, default=None, help="JSON-lines event file")
+    ap.add_argument("--log-dir", type=Path, default=None, help="rank<R>.log per rank (default: inherit)")
+    ap.add_argument("train_args", nargs=argparse.REMAINDER)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
+    cfg = AgentConfig(
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        nproc_per_node=ns.nproc_per_node,
+        master_addr=ns.master_addr,
+        master_port=ns.master_port,
+        max_restarts=ns.max_restarts,
+        join_timeout_s=ns.join_timeout,
+        hb_timeout_s=ns.hb_timeout,
+        module=ns.module,
+        preload=[m for m in ns.preload.split(",") if m],
+        events=ns.events,
+        log_dir=ns.log_dir,
+        train_args=args,
+    )
+    try:
+        agent = Agent(cfg)
+    except ValueError as e:
+        print(f"lcm-agent: {e}", file=sys.stderr)
+        return int(AgentExit.BAD_ARGS)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

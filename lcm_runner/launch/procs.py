@@ -1,0 +1,119 @@
+"""Find and kill the processes of one run on one node, by the environment tag the launchers set.
+
+Every agent a launcher starts carries ``LCM_RUN_TAG=<tag>`` and ``LCM_NODE=<node>`` in its environment;
+workers, their multiprocessing helpers and anything else they start inherit both, even after they are
+re-parented. Scanning ``/proc/<pid>/environ`` therefore finds every leftover of a run on a node, which is
+what ``processes_left`` reports after each fault case. Runs as a module on a node too (Slurm, through
+``srun --overlap``): ``python -m lcm_runner.launch.procs {list,kill-trainer,kill-all} --tag TAG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TAG_ENV = "LCM_RUN_TAG"
+NODE_ENV = "LCM_NODE"
+TRAINER_COMM = "lcm-trainer"  # the agent names its forked workers so (prctl PR_SET_NAME)
+TRAINER_MODULE = "lcm_runner.train"
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: str
+    node: str
+
+    @property
+    def is_trainer(self) -> bool:
+        """A training rank: forked by our agent (comm lcm-trainer) or torchrun-run (-m lcm_runner.train)."""
+        if self.comm == TRAINER_COMM:
+            return True
+        argv = self.cmdline.split()
+        return "-m" in argv and TRAINER_MODULE in argv
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone, or not ours to read
+        return None
+
+
+def scan(tag: str, node: str | None = None) -> list[Proc]:
+    """Processes on this machine whose environment carries the run tag (and the node, when given)."""
+    want_tag = f"{TAG_ENV}={tag}".encode()
+    want_node = f"{NODE_ENV}={node}".encode() if node is not None else None
+    me = os.getpid()
+    found: list[Proc] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        env = _read(entry / "environ")
+        if env is None:
+            continue
+        fields = env.split(b"\0")
+        if want_tag not in fields or (want_node is not None and want_node not in fields):
+            continue
+        stat = _read(entry / "stat")
+        if stat is None:
+            continue
+        # state is after the last ')' (comm may contain spaces or parentheses)
+        rest = stat[stat.rindex(b")") + 2 :].split()
+        if rest[0] == b"Z":  # a zombie holds nothing; its parent reaps it
+            continue
+        comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode(errors="replace")
+        cmd = (_read(entry / "cmdline") or b"").replace(b"\0", b" ").decode(errors="replace").strip()
+        node_name = next((f[len(NODE_ENV) + 1 :].decode() for f in fields if f.startswith(b"LCM_NODE=")), "")
+        found.append(Proc(int(entry.name), int(rest[1]), comm, cmd, node_name))
+    return found
+
+
+def kill(procs: list[Proc], sig: int = signal.SIGKILL) -> list[int]:
+    killed = []
+    for p in procs:
+        try:
+            os.kill(p.pid, sig)
+            killed.append(p.pid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def wait_gone(tag: str, node: str | None, timeout_s: float) -> list[Proc]:
+    """Poll until no tagged process remains (or the timeout); returns what is left."""
+    deadline = time.monotonic() + timeout_s
+    left = scan(tag, node)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = scan(tag, node)
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lcm_runner.launch.procs", description=__doc__)
+    ap.add_argument("action", choices=["list", "kill-trainer", "kill-all"])
+    ap.add_argument("--tag", required=True, help="the run tag (LCM_RUN_TAG) of the job")
+    ap.add_argument("--node", default=None, help="only processes started for this node (LCM_NODE)")
+    ns = ap.parse_args(argv)
+    procs = scan(ns.tag, ns.node)
+    if ns.action == "kill-trainer":
+        procs = [p for p in procs if p.is_trainer]
+    if ns.action != "list":
+        procs = [p for p in procs if p.pid in kill(procs)]
+    out = {"ts": time.time(), "action": ns.action, "procs": [asdict(p) for p in procs]}
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""Local launcher: N "nodes" on this machine, each one agent process tree in its own session.
+
+Used on a single GPU box (the H200 machine: no Slurm there) and in CI on CPU. A node here is a label
+(`local0`, `local1`, ...) carried in the environment of its agent and ranks (LCM_NODE), its own
+session/process group so it can be killed alone, and, with GPUs, its own CUDA_VISIBLE_DEVICES slice.
+The rendezvous runs on 127.0.0.1. `spare_nodes` extra labels are kept for `relaunch` after a node loss
+(a replacement "node" that owns the lost node's GPUs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lcm_runner.launch import procs
+from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, LaunchError, base_env
+from lcm_runner.launch.commands import agent_argv, shell_join
+
+_PORT_STRIDE = 16  # each submission gets its own ports: master_port + k*stride (+1+gen for the ranks)
+
+
+@dataclass
+class _Local:
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    cancelled: bool = False
+
+
+class LocalLauncher:
+    name = "torchrun"
+
+    def __init__(self, spare_nodes: int = 1, node_prefix: str = "local") -> None:
+        self.spare_nodes = spare_nodes
+        self.node_prefix = node_prefix
+        self._jobs: dict[str, _Local] = {}
+        self._seq = itertools.count(1)
+
+    # --- placement -------------------------------------------------------------------------------
+    def pool(self, spec: JobSpec) -> list[str]:
+        return [f"{self.node_prefix}{i}" for i in range(spec.nodes + self.spare_nodes)]
+
+    def _gpus(self, spec: JobSpec, node: str) -> str | None:
+        if not spec.gpus_per_node:
+            return None
+        # a replacement node takes over the GPUs of the slot it fills (one machine has only so many)
+        slot = int(node.removeprefix(self.node_prefix)) % spec.nodes
+        first = slot * spec.gpus_per_node
+        return ",".join(str(g) for g in range(first, first + spec.procs_per_node))
+
+    # --- submit ----------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec, nodes: list[str] | None = None) -> Job:
+        spec.validate()
+        n = next(self._seq)
+        job_id = f"{spec.name}-{n}"
+        placed = nodes if nodes is not None else self.pool(spec)[: spec.nodes]
+        if len(placed) != spec.nodes:
+            raise LaunchError(f"{job_id}: needs {spec.nodes} nodes, {len(placed)} available")
+        job = Job(job_id, spec, time.time(), tag=f"{spec.run_dir.name}/{job_id}", nodes=placed)
+        job.log_dir.mkdir(parents=True, exist_ok=True)
+        job.events_dir.mkdir(parents=True, exist_ok=True)
+        port = spec.master_port + _PORT_STRIDE * (n % 64)
+        run_spec = JobSpec(**{**spec.__dict__, "master_port": port})
+        local = _Local()
+        for rank, node in enumerate(placed):
+            argv = agent_argv(
+                run_spec,
+                node_rank=str(rank),
+                master_addr="127.0.0.1",
+                events=str(job.events_dir / f"{node}.jsonl"),
+                log_dir=str(job.log_dir),
+                rdzv_id=job_id,
+            )
+            env = {**os.environ, **spec.env, **base_env(job_id, job.tag, node, spec.run_dir)}
+            gpus = self._gpus(spec, node)
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = gpus
+            if spec.env_file is not None:
+                cmd = [
+                    "bash",
+                    "-c",
+                    f"set -a; . {shlex.quote(str(spec.env_file))}; set +a; exec {shell_join(argv)}",
+                ]
+            else:
+                cmd = argv
+            log = (job.log_dir / f"{node}.agent.log").open("ab")
+            local.agents[node] = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            log.close()
+        self._jobs[job_id] = local
+        return job
+
+    def _local(self, job: Job) -> _Local:
+        try:
+            return self._jobs[job.id]
+        except KeyError:
+            raise LaunchError(f"job {job.id} was not started by this launcher") from None
+
+    # --- follow ----------------------------------------------------------------------------------
+    def status(self, job: Job) -> JobStatus:
+        local = self._local(job)
+        codes = {node: p.poll() for node, p in local.agents.items()}
+        done = {node: c for node, c in codes.items() if c is not None}
+        if len(done) < len(codes):
+            return JobStatus(JobState.RUNNING, done)
+        if local.cancelled:
+            return JobStatus(JobState.CANCELLED, done, "cancelled")
+        if all(c == 0 for c in done.values()):
+            return JobStatus(JobState.COMPLETED, done)
+        return JobStatus(JobState.FAILED, done, ", ".join(f"{n}={c}" for n, c in done.items() if c))
+
+    def wait(self, job: Job, timeout_s: float) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        st = self.status(job)
+        while not st.state.finished and time.monotonic() < deadline:
+            time.sleep(0.05)
+            st = self.status(job)
+        return st
+
+    def cancel(self, job: Job, hard: bool = False) -> None:
+        """As scancel: SIGTERM every agent (hard: SIGKILL), SIGKILL what is left after 10 s."""
+        local = self._local(job)
+        local.cancelled = True
+        sig = signal.SIGKILL if hard else signal.SIGTERM
+        for p in local.agents.values():
+            if p.poll() is None:
+                os.killpg(p.pid, sig)
+        st = self.wait(job, 10.0)
+        if not st.state.finished:
+            for p in local.agents.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            self.wait(job, 5.0)
+
+    # --- faults ----------------------------------------------------------------------------------
+    def kill_trainer(self, job: Job, node: str) -> float:
+        self._check_node(job, node)
+        trainers = [p for p in procs.scan(job.tag, node) if p.is_trainer]
+        if not trainers:
+            raise LaunchError(f"{job.id}: no trainer process on {node} to kill")
+        ts = time.time()
+        procs.kill(trainers)
+        return ts
+
+    def kill_node(self, job: Job, node: str) -> float:
+        self._check_node(job, node)
+        victims = procs.scan(job.tag, node)
+        if not victims:
+            raise LaunchError(f"{job.id}: nothing of the job runs on {node}")
+        ts = time.time()
+        agent = self._local(job).agents[node]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.pid, signal.SIGKILL)  # the agent's session at once
+        procs.kill(victims)  # ranks in their own process groups
+        procs.wait_gone(job.tag, node, 5.0)
+        return ts
+
+    def processes_left(self, job: Job, node: str) -> list[str]:
+        return [f"{p.pid} {p.comm}: {p.cmdline[:120]}" for p in procs.scan(job.tag, node)]
+
+    def cleanup(self, job: Job) -> None:
+        for node in job.nodes:
+            procs.kill(procs.scan(job.tag, node))
+            procs.wait_gone(job.tag, node, 5.0)
+
+    def relaunch(self, job: Job, exclude: list[str]) -> Job:
+        """Start the job again (the trainer auto-resumes from --load's latest) on nodes not excluded."""
+        keep = [n for n in job.nodes if n not in exclude]
+        spares = [n for n in self.pool(job.spec) if n not in job.nodes and n not in exclude]
+        # the lost node "comes back" when no spare is left
+        fill = spares + [n for n in exclude if n in job.nodes]
+        nodes = keep + fill[: job.spec.nodes - len(keep)]
+        return self.submit(job.spec, nodes=nodes)
+
+    def _check_node(self, job: Job, node: str) -> None:
+        if node not in job.nodes:
+            raise LaunchError(f"{job.id}: {node} is not one of its nodes {job.nodes}")
+
+
+def describe(job: Job) -> str:
+    return f"{job.id} on {','.join(job.nodes)} (logs {Path(job.log_dir)})"
