@@ -1,0 +1,115 @@
+"""lcm-runner lock update: real files hashed, version moves by template, unmatched files refused."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lcm_runner.lock import LockError, load_lock, main, match_file, update
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def lock(tmp_path: Path) -> Path:
+    p = tmp_path / "versions.lock.yml"
+    shutil.copy(ROOT / "versions.lock.yml", p)
+    return p
+
+
+def test_repo_lock_shape() -> None:
+    lock = load_lock(ROOT / "versions.lock.yml")
+    arts = lock["artifacts"]
+    want = {
+        "nvidia_driver",
+        "fabric_manager",
+        "doca_ofed",
+        "nccl",
+        "enroot",
+        "pyxis",
+        "dcgm",
+        "dcgm_exporter",
+    }
+    assert want | {"prometheus", "node_exporter", "grafana"} <= set(arts)
+    for name, a in arts.items():
+        assert {"version", "url", "filename", "sha256"} <= set(a), name
+        assert a["url"].startswith("https://"), name
+        assert a["sha256"] is None or len(a["sha256"]) == 64, name
+    assert all(isinstance(v, str) for v in lock["packages"].values())
+
+
+def test_update_locks_existing_version(lock: Path, tmp_path: Path) -> None:
+    d = tmp_path / "dl"
+    d.mkdir()
+    (d / "enroot_3.5.0-1_amd64.deb").write_bytes(b"enroot deb bytes")
+    before = lock.read_text()
+    (change,) = update(lock, d)
+    assert change.name == "enroot" and change.old_sha256 is None
+    got = load_lock(lock)["artifacts"]["enroot"]
+    assert got["sha256"] == hashlib.sha256(b"enroot deb bytes").hexdigest()
+    assert got["version"] == "3.5.0"
+    # everything above the artifacts block is byte-identical (comments kept)
+    head = before[: before.index("  artifacts:")]
+    assert lock.read_text().startswith(head)
+    assert load_lock(lock)["packages"] == load_lock(ROOT / "versions.lock.yml")["packages"]
+
+
+def test_update_moves_version_by_template(lock: Path, tmp_path: Path) -> None:
+    d = tmp_path / "dl"
+    d.mkdir()
+    (d / "pyxis-0.21.0.tar.gz").write_bytes(b"pyxis source")
+    update(lock, d)
+    got = load_lock(lock)["artifacts"]["pyxis"]
+    assert got["version"] == "0.21.0"
+    assert got["filename"] == "pyxis-0.21.0.tar.gz"
+    assert got["url"] == "https://github.com/NVIDIA/pyxis/archive/refs/tags/v0.21.0.tar.gz"
+    assert got["sha256"] == hashlib.sha256(b"pyxis source").hexdigest()
+
+
+def test_unmatched_file_refused_nothing_written(lock: Path, tmp_path: Path) -> None:
+    d = tmp_path / "dl"
+    d.mkdir()
+    (d / "enroot_3.5.0-1_amd64.deb").write_bytes(b"x")
+    (d / "random-tool-1.0.tar.gz").write_bytes(b"y")
+    before = lock.read_text()
+    with pytest.raises(LockError, match=r"random-tool-1\.0\.tar\.gz: matches no artifact"):
+        update(lock, d)
+    assert lock.read_text() == before
+
+
+def test_template_does_not_confuse_similar_names() -> None:
+    arts = load_lock(ROOT / "versions.lock.yml")["artifacts"]
+    assert match_file("enroot+caps_3.5.1-1_amd64.deb", arts) == ("enroot_caps", "3.5.1")
+    assert match_file("enroot_3.5.1-1_amd64.deb", arts) == ("enroot", "3.5.1")
+    assert match_file("libnccl-dev_2.29.1-1+cuda13.0_amd64.deb", arts) == ("nccl_dev", "2.29.1-1+cuda13.0")
+
+
+def test_cli_dry_run_and_exit_codes(lock: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "dl"
+    d.mkdir()
+    (d / "grafana_11.6.0_amd64.deb").write_bytes(b"g")
+    before = lock.read_text()
+    assert main(["lock", "update", str(d), "--lock", str(lock), "--dry-run"]) == 0
+    assert lock.read_text() == before and "would update 1" in capsys.readouterr().out
+    (d / "unknown.bin").write_bytes(b"u")
+    assert main(["lock", "update", str(d), "--lock", str(lock)]) == 2
+    assert "unknown.bin" in capsys.readouterr().err
+
+
+def test_rewritten_lock_is_stable(lock: Path, tmp_path: Path) -> None:
+    """A second update with the same file changes nothing (canonical format is a fixed point)."""
+    d = tmp_path / "dl"
+    d.mkdir()
+    (d / "prometheus-2.28.1.linux-amd64.tar.gz").write_bytes(b"p")
+    update(lock, d)
+    once = lock.read_text()
+    update(lock, d)
+    assert lock.read_text() == once
+    assert (
+        yaml.safe_load(once)["lcm_lock"]["artifacts"]["prometheus"]["sha256"]
+        == hashlib.sha256(b"p").hexdigest()
+    )
