@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 LAUNCHERS = ("slurm", "torchrun")
+AGENTS = ("torchrun", "lcm")  # the per-node agent: stock torchrun, or lcm_runner.launch.agent
 FAULT_CASES = ("trainer_kill", "node_loss", "torchrun_restart_ref", "floor")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")
@@ -97,6 +98,7 @@ class Targets:
 class RunConfig:
     name: str = "run"
     launcher: str = "torchrun"
+    agent: str = "torchrun"  # per-node agent: torchrun | lcm (lcm_runner.launch.agent)
     nodes: int = 2
     gpus_per_node: int = 0  # 0 = CPU (gloo)
     procs_per_node: int = 2
@@ -110,6 +112,7 @@ class RunConfig:
     master_port: int = 29500
     max_restarts: int = 1
     rdzv_join_timeout_s: int = 60
+    hb_timeout_s: float = 3.0  # lcm agent only: a peer silent this long is a lost node
     checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints
     python: str = "python3"  # the interpreter on the nodes (a venv's python on the lab)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -265,6 +268,10 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"name: {cfg.name!r} must be letters, digits, '.', '_' or '-' (it names the run dir)")
     if cfg.launcher not in LAUNCHERS:
         p.append(f"launcher: {cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if cfg.agent not in AGENTS:
+        p.append(f"agent: {cfg.agent!r} is not one of {', '.join(AGENTS)}")
+    if cfg.hb_timeout_s <= 0:
+        p.append(f"hb_timeout_s: must be positive, got {cfg.hb_timeout_s}")
     for key in ("nodes", "procs_per_node", "train_iters", "save_interval", "keep_last"):
         if getattr(cfg, key) < 1:
             p.append(f"{key}: must be at least 1, got {getattr(cfg, key)}")

@@ -242,3 +242,44 @@ def follow(
         if time.monotonic() >= deadline:
             return None
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def exit_code(records: Iterable[Record], job: str, since: float = 0.0) -> int | None:
+    """The trainer's verdict for a job from its `exit` records since `since` (None: no exit recorded).
+
+    REQUEUE wins (the ranks only exit with it after a complete, collectively agreed checkpoint);
+    otherwise the highest code recorded.
+    """
+    from lcm_runner.contracts import EVENT_EXIT, ExitCode
+
+    codes = [int(r.get("code", 1)) for r in of_event(records, EVENT_EXIT) if r.job == job and r.ts >= since]
+    if not codes:
+        return None
+    return int(ExitCode.REQUEUE) if int(ExitCode.REQUEUE) in codes else max(codes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lcm_runner.telemetry exit-code RUN_DIR --job J [--since TS]`: prints the code, if any.
+
+    Used by the batch script on each node after a stock torchrun agent returns (torchrun reports 1
+    whatever its workers exited with).
+    """
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lcm_runner.telemetry")
+    sub = ap.add_subparsers(dest="command", required=True)
+    ec = sub.add_parser("exit-code", help="the trainer's exit code for a job, from its telemetry")
+    ec.add_argument("run_dir")
+    ec.add_argument("--job", required=True)
+    ec.add_argument("--since", type=float, default=0.0, help="unix time; ignore older records")
+    ns = ap.parse_args(argv)
+    code = exit_code(load_run(ns.run_dir), ns.job, ns.since)
+    if code is not None:
+        print(code)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
