@@ -1,0 +1,53 @@
+"""Render a role's templates the way Ansible does, without a host: role defaults + vars + given facts.
+
+Used by the template tests of the scheduler roles (slurm, shared_storage, enroot, pyxis). It runs
+Ansible's own templating engine (ansible-core's Templar), so filters and lazy variable references in
+defaults/main.yml behave as in a play.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+
+
+def _trust(value: Any) -> Any:
+    """Mark strings from the role's own YAML as templates (as Ansible does for role files)."""
+    if isinstance(value, str):
+        return trust_as_template(value)
+    if isinstance(value, list):
+        return [_trust(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _trust(v) for k, v in value.items()}
+    return value
+
+
+def role_vars(role: str) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for sub in ("defaults", "vars"):
+        path = ROLES / role / sub / "main.yml"
+        if path.exists():
+            merged.update(_trust(yaml.safe_load(path.read_text()) or {}))
+    return merged
+
+
+def render(role: str, template: str, variables: dict[str, Any]) -> str:
+    """Render roles/<role>/templates/<template> with the role's variables overridden by `variables`."""
+    all_vars = {"ansible_managed": "managed by lcm-infra", **role_vars(role), **variables}
+    templar = Templar(loader=DataLoader(), variables=all_vars)
+    text = (ROLES / role / "templates" / template).read_text()
+    return templar.template(trust_as_template(text))
+
+
+def evaluate(role: str, expression: str, variables: dict[str, Any]) -> Any:
+    """Evaluate a Jinja expression (e.g. a role variable) in the role's variable context."""
+    all_vars = {**role_vars(role), **variables}
+    templar = Templar(loader=DataLoader(), variables=all_vars)
+    return templar.template(trust_as_template("{{ " + expression + " }}"))

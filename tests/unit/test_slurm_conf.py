@@ -1,0 +1,171 @@
+"""slurm role templates (slurm.conf, gres.conf, topology.conf, cgroup.conf) rendered by Ansible's engine,
+and the filter that tells a restart-only slurm.conf change from a reconfigurable one."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from typing import Any
+
+import pytest
+import yaml
+
+from _role_render import REPO, render
+
+_spec = importlib.util.spec_from_file_location(
+    "slurm_conf_filter", REPO / "roles/slurm/filter_plugins/slurm_conf.py"
+)
+assert _spec and _spec.loader
+slurm_conf_filter = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(slurm_conf_filter)
+
+LAB = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
+RESTART_KEYS = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_restart_keys"]
+
+
+def _facts(host: str, cpus: int = 2, sockets: int = 1, cores: int = 2, tpc: int = 1, mem: int = 23000) -> dict:
+    return {
+        "ansible_hostname": host,
+        "ansible_processor_vcpus": cpus,
+        "ansible_processor_count": sockets,
+        "ansible_processor_cores": cores,
+        "ansible_processor_threads_per_core": tpc,
+        "ansible_memtotal_mb": mem,
+    }
+
+
+def _vars(cluster: dict, **extra: Any) -> dict:
+    hosts = {"ctl": _facts("ctl"), "gpu01": _facts("gpu01", 224, 2, 56, 2, 2_000_000)}
+    hosts["gpu02"] = _facts("gpu02", 224, 2, 56, 2, 2_000_000)
+    base = {
+        "cluster": cluster,
+        "groups": {"controller": ["ctl"], "compute": ["gpu01", "gpu02"], "login": []},
+        "hostvars": hosts,
+        "inventory_hostname": "gpu01",
+    }
+    base.update(extra)
+    return base
+
+
+def _h200() -> dict:
+    spec = copy.deepcopy(LAB)
+    spec["name"] = "h200"
+    spec["gpu"].update(model="h200", count_per_node=8, gres_type="h200")
+    spec["slurm"].pop("proctrack_type")
+    spec["slurm"].pop("task_plugin")
+    return spec
+
+
+def _conf(text: str) -> dict[str, list[str]]:
+    return slurm_conf_filter.slurm_conf_entries(text)
+
+
+def test_lab_spec_renders_lab_overrides() -> None:
+    conf = _conf(render("slurm", "slurm.conf.j2", _vars(LAB)))
+    assert conf["clustername"] == ["ClusterName=lab"]
+    assert conf["slurmctldhost"] == ["SlurmctldHost=ctl"]
+    assert conf["proctracktype"] == ["ProctrackType=proctrack/linuxproc"]
+    assert conf["taskplugin"] == ["TaskPlugin=task/none"]
+    assert conf["selecttype"] == ["SelectType=select/cons_tres"]
+    assert conf["jobrequeue"] == ["JobRequeue=1"]
+    assert "grestypes" not in conf
+    assert "topologyplugin" not in conf
+    assert conf["partitionname"] == ["PartitionName=batch Nodes=gpu01,gpu02 Default=YES MaxTime=2:00:00 State=UP"]
+
+
+def test_production_defaults_and_gpu_nodes() -> None:
+    conf = _conf(render("slurm", "slurm.conf.j2", _vars(_h200())))
+    assert conf["proctracktype"] == ["ProctrackType=proctrack/cgroup"]
+    assert conf["taskplugin"] == ["TaskPlugin=task/cgroup"]
+    assert conf["grestypes"] == ["GresTypes=gpu"]
+    assert conf["nodename"] == [
+        f"NodeName={h} CPUs=224 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 RealMemory={2_000_000 - 2048} "
+        "Gres=gpu:h200:8 State=UNKNOWN"
+        for h in ("gpu01", "gpu02")
+    ]
+
+
+def test_realmemory_reserve_is_configurable() -> None:
+    conf = _conf(render("slurm", "slurm.conf.j2", _vars(LAB, slurm_realmemory_reserve_mb=10_000)))
+    assert f"RealMemory={2_000_000 - 10_000}" in conf["nodename"][0]
+
+
+def test_gres_conf_static_without_nvml() -> None:
+    text = render("slurm", "gres.conf.j2", _vars(_h200(), _slurm_has_nvml=False))
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines == ["NodeName=gpu01,gpu02 Name=gpu Type=h200 File=/dev/nvidia[0-7]"]
+
+
+def test_gres_conf_autodetect_with_nvml() -> None:
+    text = render("slurm", "gres.conf.j2", _vars(_h200(), _slurm_has_nvml=True))
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "AutoDetect=nvml"
+    assert lines[1] == "NodeName=gpu01,gpu02 Name=gpu Type=h200 Count=8"
+
+
+def test_gres_conf_empty_without_gpus() -> None:
+    text = render("slurm", "gres.conf.j2", _vars(LAB))
+    assert [line for line in text.splitlines() if line and not line.startswith("#")] == []
+
+
+def test_topology_from_fabric_spec() -> None:
+    spec = _h200()
+    spec["fabric"]["topology"] = [
+        {"switch": "leaf1", "nodes": "gpu[01-02]"},
+        {"switch": "spine", "switches": "leaf1", "link_speed": 400},
+    ]
+    conf = _conf(render("slurm", "slurm.conf.j2", _vars(spec)))
+    assert conf["topologyplugin"] == ["TopologyPlugin=topology/tree"]
+    topo = render("slurm", "topology.conf.j2", _vars(spec))
+    lines = [line for line in topo.splitlines() if line and not line.startswith("#")]
+    assert lines == ["SwitchName=leaf1 Nodes=gpu[01-02]", "SwitchName=spine Switches=leaf1 LinkSpeed=400"]
+
+
+def test_cgroup_conf_constrains_devices_only_with_gpus() -> None:
+    assert "ConstrainDevices=yes" in render("slurm", "cgroup.conf.j2", _vars(_h200()))
+    assert "ConstrainDevices=no" in render("slurm", "cgroup.conf.j2", _vars(LAB))
+
+
+def test_partition_groups_and_several_partitions() -> None:
+    spec = copy.deepcopy(LAB)
+    spec["slurm"]["partitions"] = [
+        {"name": "batch", "groups": ["compute"], "default": True, "max_time": "2:00:00"},
+        {"name": "debug", "groups": ["debugnodes", "compute"]},
+    ]
+    variables = _vars(spec)
+    variables["groups"]["debugnodes"] = ["gpu02"]
+    conf = _conf(render("slurm", "slurm.conf.j2", variables))
+    assert conf["partitionname"][1] == "PartitionName=debug Nodes=gpu02,gpu01 Default=NO MaxTime=UNLIMITED State=UP"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("MaxTime=2:00:00", "MaxTime=4:00:00"), []),
+        (("KillWait=30", "KillWait=60"), []),
+        (("ProctrackType=proctrack/linuxproc", "ProctrackType=proctrack/cgroup"), ["ProctrackType"]),
+        (("RealMemory=20952", "RealMemory=20000"), ["NodeName"]),
+        (("SlurmdPort=6818", "SlurmdPort=7818"), ["SlurmdPort"]),
+        (("# Partitions", "#   partitions, reworded"), []),
+    ],
+)
+def test_restart_needed_only_for_restart_keys(change: tuple[str, str], expected: list[str]) -> None:
+    lab_facts = {h: _facts(h) for h in ("ctl", "gpu01", "gpu02")}
+    old = render("slurm", "slurm.conf.j2", _vars(LAB, hostvars=lab_facts))
+    assert change[0] in old
+    new = old.replace(change[0], change[1])
+    assert slurm_conf_filter.slurm_restart_keys_changed(old, new, RESTART_KEYS) == expected
+
+
+def test_first_install_counts_as_restart() -> None:
+    new = render("slurm", "slurm.conf.j2", _vars(LAB))
+    changed = slurm_conf_filter.slurm_restart_keys_changed("", new, RESTART_KEYS)
+    assert {"ClusterName", "SlurmctldHost", "NodeName", "ProctrackType"} <= set(changed)
+
+
+def test_entries_join_continuations_and_ignore_case_and_spacing() -> None:
+    a = "nodename=a  CPUs=2 \\\n  RealMemory=10\n"
+    b = "NodeName=a CPUs=2 RealMemory=10 # same node\n"
+    assert slurm_conf_filter.slurm_restart_keys_changed(a, b, ["NodeName"]) == ["NodeName"]  # value case kept
+    c = "NodeName=a CPUs=2 \\\n RealMemory=10\n"
+    assert slurm_conf_filter.slurm_restart_keys_changed(c, b, ["NodeName"]) == []
