@@ -10,6 +10,7 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") is None:
 
     cpu_compat.stub_triton_kernels()
 import megatron.core
+
 import lcm_runner
 
 print(
