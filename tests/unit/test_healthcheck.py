@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import yaml
-
 from _role_render import REPO, render
 
 SCRIPT = REPO / "roles" / "slurm" / "files" / "lcm-healthcheck.sh"
@@ -85,7 +84,9 @@ def test_rendered_lab_config_passes(tmp_path: Path) -> None:
 def test_missing_checkpoint_dir_fails_and_drains(tmp_path: Path) -> None:
     mnt, ckpt = _storage(tmp_path)
     ckpt.rmdir()
-    conf = _write_conf(tmp_path / "hc.conf", LCM_HC_MOUNTPOINT=mnt, LCM_HC_CHECKPOINT_DIR=ckpt, LCM_HC_DRAIN=1)
+    conf = _write_conf(
+        tmp_path / "hc.conf", LCM_HC_MOUNTPOINT=mnt, LCM_HC_CHECKPOINT_DIR=ckpt, LCM_HC_DRAIN=1
+    )
     bindir = tmp_path / "bin"
     record = tmp_path / "scontrol.args"
     _stub(bindir, "scontrol", f'printf "%s\\n" "$@" > {record}\n')
@@ -121,14 +122,20 @@ def test_nfs_type_requires_an_nfs_mount(tmp_path: Path) -> None:
 def test_existing_type_requires_a_mount_point(tmp_path: Path) -> None:
     mnt, ckpt = _storage(tmp_path)
     conf = _write_conf(
-        tmp_path / "hc.conf", LCM_HC_STORAGE_TYPE="existing", LCM_HC_MOUNTPOINT=mnt, LCM_HC_CHECKPOINT_DIR=ckpt
+        tmp_path / "hc.conf",
+        LCM_HC_STORAGE_TYPE="existing",
+        LCM_HC_MOUNTPOINT=mnt,
+        LCM_HC_CHECKPOINT_DIR=ckpt,
     )
     result = _run(conf)
     assert result.returncode == 1
     assert f"{mnt} is not mounted" in result.stderr
     # / is always a mount point: the same check passes there.
     conf = _write_conf(
-        tmp_path / "hc2.conf", LCM_HC_STORAGE_TYPE="existing", LCM_HC_MOUNTPOINT="/", LCM_HC_CHECKPOINT_DIR=ckpt
+        tmp_path / "hc2.conf",
+        LCM_HC_STORAGE_TYPE="existing",
+        LCM_HC_MOUNTPOINT="/",
+        LCM_HC_CHECKPOINT_DIR=ckpt,
     )
     assert _run(conf).returncode == 0
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from _role_render import REPO, render
 
 _spec = importlib.util.spec_from_file_location(
@@ -23,7 +22,9 @@ LAB = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_
 RESTART_KEYS = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_restart_keys"]
 
 
-def _facts(host: str, cpus: int = 2, sockets: int = 1, cores: int = 2, tpc: int = 1, mem: int = 23000) -> dict:
+def _facts(
+    host: str, cpus: int = 2, sockets: int = 1, cores: int = 2, tpc: int = 1, mem: int = 23000
+) -> dict:
     return {
         "ansible_hostname": host,
         "ansible_processor_vcpus": cpus,
@@ -70,7 +71,9 @@ def test_lab_spec_renders_lab_overrides() -> None:
     assert conf["jobrequeue"] == ["JobRequeue=1"]
     assert "grestypes" not in conf
     assert "topologyplugin" not in conf
-    assert conf["partitionname"] == ["PartitionName=batch Nodes=gpu01,gpu02 Default=YES MaxTime=2:00:00 State=UP"]
+    assert conf["partitionname"] == [
+        "PartitionName=batch Nodes=gpu01,gpu02 Default=YES MaxTime=2:00:00 State=UP"
+    ]
 
 
 def test_production_defaults_and_gpu_nodes() -> None:
@@ -135,7 +138,10 @@ def test_partition_groups_and_several_partitions() -> None:
     variables = _vars(spec)
     variables["groups"]["debugnodes"] = ["gpu02"]
     conf = _conf(render("slurm", "slurm.conf.j2", variables))
-    assert conf["partitionname"][1] == "PartitionName=debug Nodes=gpu02,gpu01 Default=NO MaxTime=UNLIMITED State=UP"
+    assert (
+        conf["partitionname"][1]
+        == "PartitionName=debug Nodes=gpu02,gpu01 Default=NO MaxTime=UNLIMITED State=UP"
+    )
 
 
 @pytest.mark.parametrize(

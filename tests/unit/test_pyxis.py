@@ -1,0 +1,42 @@
+"""pyxis role: the plugstack.conf.d entry and the rebuild decision (a new Pyxis or a new Slurm means a
+rebuild). Building Pyxis needs its source, which no reachable registry carries: docs/scheduler.md."""
+
+from __future__ import annotations
+
+import yaml
+from _role_render import REPO, evaluate, render
+
+LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+
+
+def test_plugstack_entry_defaults() -> None:
+    text = render("pyxis", "pyxis.conf.j2", {"lcm_lock": LOCK})
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines == [
+        "required /usr/local/lib/slurm/spank_pyxis.so runtime_path=/run/pyxis container_scope=job "
+        "sbatch_support=1 remap_root=1 execute_entrypoint=0 use_enroot_load=0"
+    ]
+    assert f"Pyxis {LOCK['artifacts']['pyxis']['version']} built against Slurm" in text
+
+
+def test_plugstack_entry_options() -> None:
+    text = render(
+        "pyxis",
+        "pyxis.conf.j2",
+        {
+            "lcm_lock": LOCK,
+            "pyxis_required": False,
+            "pyxis_prefix": "/opt/pyxis",
+            "pyxis_sbatch_support": False,
+        },
+    )
+    assert "optional /opt/pyxis/lib/slurm/spank_pyxis.so " in text
+    assert "sbatch_support=0" in text
+
+
+def test_build_stamp_changes_with_slurm_and_pyxis_versions() -> None:
+    stamp = evaluate("pyxis", "_pyxis_stamp", {"lcm_lock": LOCK})
+    assert stamp == f"pyxis={LOCK['artifacts']['pyxis']['version']} slurm={LOCK['packages']['libslurm-dev']}"
+    newer = yaml.safe_load(yaml.safe_dump(LOCK))
+    newer["packages"]["libslurm-dev"] = "23.11.4-1"
+    assert evaluate("pyxis", "_pyxis_stamp", {"lcm_lock": newer}) != stamp

@@ -1,0 +1,74 @@
+"""The slurm role's preflight, run by ansible-playbook on localhost (two inventory hosts with a local
+connection): a wrong spec for this layer fails before anything changes, with a clear message."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from _role_render import REPO
+
+LAB = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
+PLAY = """
+- name: slurm preflight only
+  hosts: all
+  gather_facts: true
+  tasks:
+    - name: Preflight
+      ansible.builtin.import_role:
+        name: slurm
+        tasks_from: preflight
+"""
+
+
+def _run(tmp_path: Path, cluster: dict) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "hosts.ini").write_text(
+        "[controller]\nctl ansible_connection=local\n[compute]\nnode1 ansible_connection=local\n"
+        "[cluster:children]\ncontroller\ncompute\n"
+    )
+    (tmp_path / "play.yml").write_text(PLAY)
+    (tmp_path / "spec.json").write_text(json.dumps({"cluster": cluster}))
+    (tmp_path / "ansible.cfg").write_text("[defaults]\nnocows = true\n")
+    env = {
+        **os.environ,
+        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+        "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg"),
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_GATHER_SUBSET": "!all,!min,hardware",
+    }
+    venv_bin = REPO / ".venv" / "bin"
+    cmd = [str(venv_bin / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(tmp_path / "play.yml")]
+    cmd += ["-e", f"@{tmp_path / 'spec.json'}"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180, check=False)
+
+
+@pytest.mark.slow
+def test_lab_spec_passes(tmp_path: Path) -> None:
+    result = _run(tmp_path, LAB)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_gpus_without_gres_type_fail_clearly(tmp_path: Path) -> None:
+    spec = copy.deepcopy(LAB)
+    spec["gpu"].update(model="h200", count_per_node=8, gres_type="")
+    result = _run(tmp_path, spec)
+    assert result.returncode != 0
+    assert "cluster.gpu.count_per_node is 8 but cluster.gpu.gres_type is ''" in result.stdout
+    assert "GPUs declared need a Slurm gres type" in result.stdout
+
+
+@pytest.mark.slow
+def test_unknown_partition_group_fails_clearly(tmp_path: Path) -> None:
+    spec = copy.deepcopy(LAB)
+    spec["slurm"]["partitions"][0]["groups"] = ["gpunodes"]
+    result = _run(tmp_path, spec)
+    assert result.returncode != 0
+    assert "unknown: ['gpunodes']" in result.stdout

@@ -1,0 +1,59 @@
+"""Shape of the scheduler-layer roles (munge, slurm, shared_storage, enroot, pyxis): public defaults
+role-prefixed and in sync with meta/argument_specs.yml, private vars `_<role>_`, a thin tasks/main.yml
+(preflight -> install -> configure -> run with the role's tags), and a managed.d record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from _role_render import ROLES
+
+SCHEDULER_ROLES = ["munge", "slurm", "shared_storage", "enroot", "pyxis"]
+
+
+def _yaml(path: Path) -> object:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.mark.parametrize("role", SCHEDULER_ROLES)
+def test_defaults_match_argument_specs(role: str) -> None:
+    defaults = _yaml(ROLES / role / "defaults/main.yml")
+    assert isinstance(defaults, dict)
+    options = _yaml(ROLES / role / "meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(options)
+    for name, value in defaults.items():
+        assert name.startswith(f"{role}_"), name
+        assert options[name]["default"] == value, name
+        assert options[name]["description"], name
+
+
+@pytest.mark.parametrize("role", SCHEDULER_ROLES)
+def test_private_vars_prefixed(role: str) -> None:
+    private = _yaml(ROLES / role / "vars/main.yml")
+    assert all(name.startswith(f"_{role}_") for name in private)
+
+
+@pytest.mark.parametrize("role", SCHEDULER_ROLES)
+def test_thin_main_with_phase_tags(role: str) -> None:
+    tasks = _yaml(ROLES / role / "tasks/main.yml")
+    phases = ["preflight", "install", "configure", "run"]
+    assert [t["ansible.builtin.import_tasks"] for t in tasks] == [f"{p}.yml" for p in phases]
+    assert [t["tags"] for t in tasks] == [[role, f"{role}_{p}"] for p in phases]
+
+
+@pytest.mark.parametrize("role", SCHEDULER_ROLES)
+def test_writes_managed_record(role: str) -> None:
+    text = (ROLES / role / "tasks/configure.yml").read_text()
+    assert f"/{role}.json" in text
+    assert f"'role': '{role}'" in text and "'services':" in text
+
+
+def test_secrets_are_no_log() -> None:
+    """Every task that generates, reads or writes the munge key hides its values."""
+    tasks = _yaml(ROLES / "munge/tasks/configure.yml")
+    key_tasks = [t for t in tasks if t.get("register") == "_munge_key" or "_munge_key." in str(t)]
+    key_tasks += [t for t in tasks if "urandom" in str(t)]
+    assert len(key_tasks) == 3
+    assert all(t.get("no_log") is True for t in key_tasks)
