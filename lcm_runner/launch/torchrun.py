@@ -81,11 +81,10 @@ class LocalLauncher:
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpus
             if spec.env_file is not None:
-                cmd = [
-                    "bash",
-                    "-c",
-                    f"set -a; . {shlex.quote(str(spec.env_file))}; set +a; exec {shell_join(argv)}",
-                ]
+                # the job's own variables (e.g. NCCL_DEBUG=INFO for profiling) win over the file's
+                src = shlex.quote(str(spec.env_file))
+                again = "".join(f"export {k}={shlex.quote(v)}; " for k, v in spec.env.items())
+                cmd = ["bash", "-c", f"set -a; . {src}; set +a; {again}exec {shell_join(argv)}"]
             else:
                 cmd = argv
             log = (job.log_dir / f"{node}.agent.log").open("ab")
@@ -137,6 +136,8 @@ class LocalLauncher:
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
             self.wait(job, 5.0)
+        # as a scheduler ends a cancelled job's steps: nothing of it stays on its nodes
+        self.cleanup(job)
 
     # --- faults ----------------------------------------------------------------------------------
     def kill_trainer(self, job: Job, node: str) -> float:

@@ -1,0 +1,189 @@
+"""`lcm-runner`: one command, subcommands registered from the modules that implement them.
+
+    lcm-runner render    -i inventories/lab -c configs/lab.yml   sbatch + nccl_env.sh (lcm_runner.render)
+    lcm-runner baseline      -c configs/lab.yml [-i ...] [--launcher torchrun|slurm]
+    lcm-runner resume | fault | nccl-profile   (same options)
+    lcm-runner all           the whole sequence + the report
+    lcm-runner report        (lcm_runner.report)        lcm-runner train   (lcm_runner.train)
+
+Every stage prints its run directory at its start and end, its progress (stage, job, step, what it is
+waiting for) while it runs, and a one-line verdict; the exit status is 0 unless a stage FAILed
+(2: bad input, nothing started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lcm_runner.config import ConfigError, RunConfig, load_cluster, load_run_config
+from lcm_runner.launch.base import AGENTS, LaunchError
+
+STAGE_COMMANDS = ("baseline", "resume", "fault", "nccl-profile", "all")
+# Modules of the other parts that expose add_parser(subparsers); registered when importable.
+EXTERNAL = ("lcm_runner.render", "lcm_runner.report", "lcm_runner.train.cli")
+
+
+class UsageError(ValueError):
+    """Bad command-line input (exit 2, before anything is launched)."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", required=True, help="run config (configs/lab.yml, configs/h200.yml)")
+    p.add_argument(
+        "--inventory", "-i", help="inventories/<name> (its cluster spec); required with the slurm launcher"
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", help="use this run directory (created if missing)")
+    where.add_argument("--runs-root", default="runs", help="new run dir runs-root/<UTC stamp>-<name>/")
+    p.add_argument("--launcher", choices=("torchrun", "slurm"), help="default: the run config's launcher")
+    p.add_argument(
+        "--agent", choices=AGENTS, help="per-node agent of the stage's jobs (default: run config's)"
+    )
+    p.add_argument(
+        "--step-sleep-ms",
+        type=int,
+        default=0,
+        help="slow each step down (tiny CPU models) so operator actions land mid-run",
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds any single wait may take")
+    p.add_argument(
+        "--spare-nodes", type=int, default=1, help="torchrun launcher: spare nodes for the node-loss relaunch"
+    )
+
+
+def add_stage_parsers(sub: Any) -> None:
+    helps = {
+        "baseline": "submit the training job, follow it, check loss decreasing and step time stable",
+        "resume": "checkpoint at step N, cancel, resubmit with --load, check N+1 and the loss, time it",
+        "fault": "kill -9 a node's trainer / lose a node; measure recovery vs a floor and stock torchrun",
+        "nccl-profile": "rerun with NCCL_DEBUG=INFO into <run_dir>/nccl and summarise the logs",
+        "all": "render, baseline, resume, fault, nccl-profile and the report, in one run directory",
+    }
+    for name in STAGE_COMMANDS:
+        p = sub.add_parser(name, help=helps[name], description=helps[name])
+        _common(p)
+        if name == "nccl-profile":
+            p.add_argument(
+                "--parse-only", metavar="DIR", help="only parse the NCCL logs already in DIR (no job is run)"
+            )
+        if name == "all":
+            p.add_argument("--only", help="comma-separated subset of baseline,resume,fault,nccl_profile")
+        p.set_defaults(func=_stage_main, stage=name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="lcm-runner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="command")
+    for modname in EXTERNAL:
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue  # that part is not installed (e.g. a controller without the trainer's deps)
+        mod.add_parser(sub)
+    add_stage_parsers(sub)
+    return ap
+
+
+# ----------------------------------------------------------------------------- stage commands
+
+
+def make_run_dir(ns: argparse.Namespace, cfg: RunConfig) -> Path:
+    from lcm_runner.render import new_run_dir
+
+    run_dir = Path(ns.run_dir) if ns.run_dir else new_run_dir(ns.runs_root, cfg.name)
+    run_dir = run_dir.resolve()
+    for sub in ("logs", "telemetry", "stages"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def make_context(ns: argparse.Namespace) -> Any:
+    """Config + spec + launcher + run dir, all checked before anything starts."""
+    from lcm_runner.stages.common import Progress, StageContext
+
+    cfg = load_run_config(ns.config)
+    launcher_name = ns.launcher or cfg.launcher
+    cluster = load_cluster(ns.inventory) if ns.inventory else None
+    if launcher_name == "slurm" and cluster is None:
+        raise UsageError(
+            "the slurm launcher needs --inventory (the cluster spec the sbatch is rendered from)"
+        )
+    if ns.step_sleep_ms < 0 or ns.timeout <= 0 or ns.spare_nodes < 0:
+        raise UsageError("--step-sleep-ms and --spare-nodes must be >= 0, --timeout > 0")
+    run_dir = make_run_dir(ns, cfg)
+    env_file = None
+    if cluster is not None:
+        from lcm_runner.render import render_run
+
+        out = render_run(cluster, cfg, run_dir, nccl_profile=ns.stage in ("nccl-profile", "all"))
+        env_file = out.nccl_env if launcher_name == "torchrun" and cfg.uses_gpu else None
+    if launcher_name == "slurm":
+        from lcm_runner.launch.slurm import SlurmLauncher
+
+        launcher: Any = SlurmLauncher(cluster or {}, cfg)
+    else:
+        from lcm_runner.launch.torchrun import LocalLauncher
+
+        launcher = LocalLauncher(spare_nodes=ns.spare_nodes)
+    return StageContext(
+        cfg=cfg,
+        run_dir=run_dir,
+        launcher=launcher,
+        progress=Progress(),
+        agent=ns.agent or cfg.agent,
+        env_file=env_file,
+        cluster=cluster,
+        step_sleep_ms=ns.step_sleep_ms,
+        timeout_s=ns.timeout,
+    )
+
+
+def _stage_main(ns: argparse.Namespace) -> int:
+    if ns.stage == "nccl-profile" and ns.parse_only:
+        from lcm_runner.nccl.cli import run as parse_run
+
+        return parse_run(argparse.Namespace(log_dir=ns.parse_only, inventory=ns.inventory, json_out=None))
+    from lcm_runner.stages import all as all_stage
+    from lcm_runner.stages import baseline, fault, nccl_profile, resume
+
+    try:
+        ctx = make_context(ns)
+    except (ConfigError, UsageError, LaunchError) as e:
+        print(f"lcm-runner {ns.stage}: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # the spec validator's SpecInvalid, render's RenderError
+        print(f"lcm-runner {ns.stage}: {e}", file=sys.stderr)
+        return 2
+    print(f"run dir: {ctx.run_dir}", flush=True)
+    if ns.stage == "all":
+        only = [s.strip() for s in ns.only.split(",")] if ns.only else None
+        known = [n for n, _ in all_stage.SEQUENCE]
+        if only and (bad := [s for s in only if s not in known]):
+            print(f"lcm-runner all: --only {','.join(bad)}: not one of {','.join(known)}", file=sys.stderr)
+            return 2
+        return all_stage.exit_code(all_stage.run(ctx, only))
+    fns: dict[str, Callable[[Any], Any]] = {
+        "baseline": baseline.run,
+        "resume": resume.run,
+        "fault": fault.run,
+        "nccl-profile": nccl_profile.run,
+    }
+    result = fns[ns.stage](ctx)
+    return all_stage.exit_code([result])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    return int(ns.func(ns))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

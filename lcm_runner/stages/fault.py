@@ -1,0 +1,295 @@
+"""fault: kill -9 the trainer on one node while the job runs (from that node, as an operator would),
+detect it, tear down without leaving processes behind, recover from the last checkpoint, and measure
+the downtime (kill -> first new step) against a floor measured in the same run:
+
+- floor: a fresh launch of the trainer loading the same checkpoint (submission -> first new step);
+- trainer_kill: our agent (lcm_runner.launch.agent, in-place fork restarts);
+- torchrun_restart_ref: the same kill handled by stock torchrun --max-restarts;
+- node_loss: a node's agent and ranks killed together; the survivors must give up within a bound and
+  the job is requeued (Slurm) / relaunched (local), onto a spare node when there is one.
+
+Every case checks every node for leftover processes of the job, and compares the post-recovery losses
+with the uninterrupted baseline run's losses at the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lcm_runner.contracts import EVENT_CKPT_END, EVENT_RESUME
+from lcm_runner.launch.base import Job, LaunchError
+from lcm_runner.stages.common import (
+    JobWatch,
+    StageContext,
+    StageError,
+    StageResult,
+    job_finished_ok,
+    losses_by_step,
+    max_rel_diff,
+    reference_losses,
+)
+
+STAGE = "fault"
+LOSS_REL_TOL = 1e-2
+
+
+@dataclass
+class Case:
+    name: str
+    downtime_s: float = math.nan  # kill (floor: submission) -> first new step
+    detect_s: float = math.nan  # kill -> the first agent noticed (failure / node_lost / exit event)
+    resumed_from_step: float = math.nan
+    first_new_step: float = math.nan
+    leftover_processes: float = math.nan
+    loss_max_rel_diff: float = math.nan
+    loss_steps_compared: float = 0.0
+    ratio_to_floor: float = math.nan
+    completed: bool = False
+    nodes_before: list[str] = field(default_factory=list)
+    nodes_after: list[str] = field(default_factory=list)
+    job_ids: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def _kill_plan(ctx: StageContext) -> tuple[int, int]:
+    """(step of the checkpoint the recovery will load, step at which to kill)."""
+    kill = ctx.cfg.fault.kill_at_step
+    return (kill // ctx.cfg.save_interval) * ctx.cfg.save_interval, kill
+
+
+def _run_until_kill_point(ctx: StageContext, watch: JobWatch) -> None:
+    ckpt, kill = _kill_plan(ctx)
+    watch.until(lambda r: r.event == EVENT_CKPT_END and r.step == ckpt and r.rank == 0, f"checkpoint {ckpt}")
+    watch.until(lambda r: r.event == "step" and (r.step or 0) >= kill, f"step {kill}")
+
+
+def _agent_events(job: Job, after_ts: float, kinds: tuple[str, ...]) -> list[dict]:
+    out = []
+    for path in sorted(job.events_dir.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if ev.get("event") in kinds and float(ev.get("ts", 0)) >= after_ts:
+                out.append(ev)
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def _leftovers(ctx: StageContext, jobs: list[Job]) -> int:
+    """Processes of these jobs alive on any of their nodes (recorded, then cleaned up)."""
+    count = 0
+    for job in jobs:
+        for node in sorted(set(job.nodes)):
+            left = ctx.launcher.processes_left(job, node)
+            for p in left:
+                ctx.progress.info(f"LEFTOVER on {node} of job {job.id}: {p}")
+            count += len(left)
+        ctx.launcher.cleanup(job)
+    return count
+
+
+def _compare(ctx: StageContext, case: Case, records: list, after_ts: float, ref: dict[int, float]) -> None:
+    got = losses_by_step(records, after_ts=after_ts)
+    case.loss_max_rel_diff, n = max_rel_diff(got, ref)
+    case.loss_steps_compared = float(n)
+
+
+def case_floor(ctx: StageContext, res: StageResult) -> Case:
+    case = Case("floor")
+    ckpt, _ = _kill_plan(ctx)
+    spec = ctx.spec("fault-floor", "fault-floor", agent="lcm")
+    job = ctx.launcher.submit(spec)
+    case.job_ids.append(job.id)
+    watch = JobWatch(ctx, job)
+    watch.until(lambda r: r.event == EVENT_CKPT_END and r.step == ckpt and r.rank == 0, f"checkpoint {ckpt}")
+    watch.until(lambda r: r.event == "step" and (r.step or 0) > ckpt, f"a step after {ckpt}")
+    ctx.launcher.cancel(job, hard=True)
+    watch.finish(30)
+    job2 = ctx.launcher.submit(spec)
+    case.job_ids.append(job2.id)
+    res.event(f"floor: fresh launch {job2.id} from checkpoint {ckpt}", job2.submitted)
+    watch2 = JobWatch(ctx, job2)
+    first = watch2.until(lambda r: r.event == "step", "the first new step")
+    res.event(f"floor: first new step {first.step}", first.ts)
+    case.downtime_s = first.ts - job2.submitted
+    case.first_new_step = float(first.step or 0)
+    resumed = watch2.until(lambda r: r.event == EVENT_RESUME, "the resume record", 5)
+    case.resumed_from_step = float(resumed.step or 0)
+    ctx.launcher.cancel(job2, hard=True)
+    watch2.finish(30)
+    case.completed = True
+    case.nodes_before = case.nodes_after = list(job2.nodes)
+    case.leftover_processes = float(_leftovers(ctx, [job, job2]))
+    return case
+
+
+def case_trainer_kill(
+    ctx: StageContext, res: StageResult, name: str, agent: str, ref: dict[int, float]
+) -> Case:
+    case = Case(name)
+    spec = ctx.spec(f"fault-{agent}", f"fault-{name}", agent=agent, max_restarts=max(1, ctx.cfg.max_restarts))
+    job = ctx.launcher.submit(spec)
+    case.job_ids.append(job.id)
+    case.nodes_before = case.nodes_after = list(job.nodes)
+    watch = JobWatch(ctx, job)
+    _run_until_kill_point(ctx, watch)
+    node = job.nodes[ctx.cfg.fault.kill_node]
+    attempt = max(r.attempt for r in watch.records)
+    kill_ts = ctx.launcher.kill_trainer(job, node)
+    res.event(f"{name}: kill -9 trainer on {node} ({agent} agent)", kill_ts)
+    ctx.progress.info(f"killed the trainer on {node} (job {job.id}); waiting for recovery")
+    first = watch.until(
+        lambda r: r.event == "step" and r.attempt > attempt and r.ts > kill_ts,
+        "the first step after recovery",
+    )
+    res.event(f"{name}: first new step {first.step}", first.ts)
+    case.downtime_s = first.ts - kill_ts
+    case.first_new_step = float(first.step or 0)
+    resumed = watch.until(lambda r: r.event == EVENT_RESUME and r.attempt > attempt, "the resume record", 5)
+    case.resumed_from_step = float(resumed.step or 0)
+    seen = _agent_events(job, kill_ts, ("failure",))
+    if seen:
+        case.detect_s = float(seen[0]["ts"]) - kill_ts
+    st = watch.finish()
+    case.completed = job_finished_ok(st)
+    case.leftover_processes = float(_leftovers(ctx, [job]))
+    _compare(ctx, case, [r for r in watch.records if r.attempt > attempt], kill_ts, ref)
+    return case
+
+
+def case_node_loss(ctx: StageContext, res: StageResult, ref: dict[int, float]) -> Case:
+    case = Case("node_loss")
+    spec = ctx.spec("fault-node", "fault-node_loss", agent="lcm", max_restarts=max(1, ctx.cfg.max_restarts))
+    job = ctx.launcher.submit(spec)
+    case.job_ids.append(job.id)
+    case.nodes_before = list(job.nodes)
+    watch = JobWatch(ctx, job)
+    _run_until_kill_point(ctx, watch)
+    node = job.nodes[ctx.cfg.fault.kill_node]
+    attempt = max(r.attempt for r in watch.records)
+    kill_ts = ctx.launcher.kill_node(job, node)
+    res.event(f"node_loss: {node} lost (agent + ranks killed)", kill_ts)
+    ctx.progress.info(f"node {node} lost (job {job.id}); survivors must give up, then relaunch")
+    job2 = ctx.launcher.relaunch(job, exclude=[node])
+    seen = _agent_events(job, kill_ts, ("failure", "node_lost", "store_error", "exit"))
+    if seen:
+        case.detect_s = float(seen[0]["ts"]) - kill_ts
+    gave_up = _agent_events(job, kill_ts, ("exit",))
+    if gave_up:
+        res.event(f"node_loss: survivors exited ({gave_up[-1].get('reason', '')[:60]})", gave_up[-1]["ts"])
+    if job2.id not in case.job_ids:
+        case.job_ids.append(job2.id)
+    case.nodes_after = list(job2.nodes)
+    res.event(f"node_loss: relaunched as {job2.id} on {','.join(job2.nodes)}", time.time())
+    watch2 = watch if job2.id == job.id else JobWatch(ctx, job2)
+    first = watch2.until(
+        lambda r: r.event == "step" and r.ts > kill_ts and (r.job != job.id or r.attempt > attempt),
+        "the first step after the relaunch",
+    )
+    res.event(f"node_loss: first new step {first.step}", first.ts)
+    case.downtime_s = first.ts - kill_ts
+    case.first_new_step = float(first.step or 0)
+    resumed = watch2.until(lambda r: r.event == EVENT_RESUME and r.ts > kill_ts, "the resume record", 5)
+    case.resumed_from_step = float(resumed.step or 0)
+    st = watch2.finish()
+    case.completed = job_finished_ok(st)
+    case.leftover_processes = float(_leftovers(ctx, [job, job2] if job2.id != job.id else [job]))
+    _compare(ctx, case, [r for r in watch2.records if r.ts > kill_ts], kill_ts, ref)
+    return case
+
+
+def run(ctx: StageContext) -> StageResult:
+    res = StageResult(STAGE)
+    ctx.progress.begin(STAGE, ctx.run_dir)
+    wanted = ctx.cfg.fault.cases
+    ref = reference_losses(ctx)
+    if not ref:
+        ctx.progress.info("no baseline in this run dir: the post-recovery losses cannot be compared")
+    cases: dict[str, Case] = {}
+    order = [
+        ("floor", lambda: case_floor(ctx, res)),
+        ("trainer_kill", lambda: case_trainer_kill(ctx, res, "trainer_kill", "lcm", ref)),
+        (
+            "torchrun_restart_ref",
+            lambda: case_trainer_kill(ctx, res, "torchrun_restart_ref", "torchrun", ref),
+        ),
+        ("node_loss", lambda: case_node_loss(ctx, res, ref)),
+    ]
+    for name, fn in order:
+        if name not in wanted:
+            continue
+        ctx.progress.info(f"case {name}")
+        try:
+            cases[name] = fn()
+        except (StageError, LaunchError) as e:
+            ctx.progress.info(f"case {name} failed: {e}")
+            cases[name] = Case(name, error=str(e))
+        c = cases[name]
+        res.job_ids += [j for j in c.job_ids if j not in res.job_ids]
+        ctx.progress.info(
+            f"case {name}: downtime {c.downtime_s:.2f}s detect {c.detect_s:.3f}s resumed from "
+            f"{c.resumed_from_step:.0f} leftovers {c.leftover_processes:.0f} "
+            f"loss diff {c.loss_max_rel_diff:.1e}"
+        )
+    floor = cases.get("floor")
+    for c in cases.values():
+        if floor is not None and floor.downtime_s > 0 and c.name != "floor":
+            c.ratio_to_floor = c.downtime_s / floor.downtime_s
+        res.metrics[c.name] = asdict(c)
+    _decide(ctx, res, cases)
+    res.write(ctx.run_dir)
+    ctx.progress.end(res, ctx.run_dir)
+    return res
+
+
+def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None:
+    t = ctx.cfg.targets
+    ck = res.checks
+    for c in cases.values():
+        ck[f"{c.name}: ran"] = not c.error
+        if c.error:
+            continue
+        ck[f"{c.name}: no leftover processes"] = c.leftover_processes == 0
+        if c.name != "floor":
+            ck[f"{c.name}: job completed after recovery"] = c.completed
+    parts = []
+    if (tk := cases.get("trainer_kill")) and not tk.error:
+        ck[f"trainer_kill: downtime <= {t.recovery_s_max:g}s"] = tk.downtime_s <= t.recovery_s_max
+        if (fl := cases.get("floor")) and not fl.error:
+            ck[f"trainer_kill: <= {t.recovery_floor_ratio_max:g}x floor"] = (
+                tk.ratio_to_floor <= t.recovery_floor_ratio_max
+            )
+        if (ref := cases.get("torchrun_restart_ref")) and not ref.error:
+            ck["trainer_kill: faster than stock torchrun"] = tk.downtime_s < ref.downtime_s
+        ck["trainer_kill: resumed from the last checkpoint"] = tk.resumed_from_step == _kill_plan(ctx)[0]
+        parts.append(f"trainer_kill {tk.downtime_s:.2f}s ({tk.ratio_to_floor:.2f}x floor)")
+    if (fl := cases.get("floor")) and not fl.error:
+        parts.append(f"floor {fl.downtime_s:.2f}s")
+    if (ref := cases.get("torchrun_restart_ref")) and not ref.error:
+        parts.append(f"torchrun {ref.downtime_s:.2f}s")
+    if (nl := cases.get("node_loss")) and not nl.error:
+        ck[f"node_loss: back within {t.node_loss_s_max:g}s"] = nl.downtime_s <= t.node_loss_s_max
+        parts.append(
+            f"node_loss {nl.downtime_s:.2f}s (detect {nl.detect_s:.1f}s, {','.join(nl.nodes_after)})"
+        )
+    for c in cases.values():
+        if c.name in ("trainer_kill", "node_loss") and not c.error:
+            if c.loss_steps_compared:
+                ck[f"{c.name}: post-recovery loss matches (rel <= {LOSS_REL_TOL:g})"] = (
+                    c.loss_max_rel_diff <= LOSS_REL_TOL
+                )
+            else:
+                ck[f"{c.name}: post-recovery loss compared with a baseline"] = False
+    res.decide("; ".join(parts) or "no case ran")
+
+
+def case_names() -> list[str]:
+    return ["floor", "trainer_kill", "torchrun_restart_ref", "node_loss"]
+
+
+__all__ = ["Case", "Path", "case_names", "run"]
