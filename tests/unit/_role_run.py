@@ -65,6 +65,7 @@ def run_role(
                 {
                     "name": f"Run {role}",
                     "ansible.builtin.include_role": {"name": role, "tasks_from": f"{tasks_from}.yml"},
+                    "tags": ["always"],
                 }
             ],
         }
