@@ -74,13 +74,15 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
             )
         )
     stype = storage["type"]
-    for kind in ("nfs", "existing"):
-        if stype == kind and kind not in storage:
-            e.append(
-                SpecError(f"cluster.storage.{kind}", None, f"a mapping (required for storage type {kind})")
-            )
-        if stype != kind and kind in storage:
-            e.append(SpecError(f"cluster.storage.{kind}", storage[kind], f"absent for storage type {stype}"))
+    if "nfs" in storage and stype != "nfs":
+        e.append(SpecError("cluster.storage.nfs", storage["nfs"], f"absent for storage type {stype}"))
+    if storage.get("fstype") and stype != "existing":
+        e.append(
+            SpecError("cluster.storage.fstype", storage["fstype"], f'"" or absent for storage type {stype}')
+        )
+    for i, sw in enumerate(fabric.get("topology", [])):
+        if not sw.get("nodes") and not sw.get("switches"):
+            e.append(SpecError(f"cluster.fabric.topology[{i}]", sw, "a switch with nodes or switches"))
 
     parts = c["slurm"]["partitions"]
     names = [p["name"] for p in parts]
@@ -124,6 +126,13 @@ def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> li
                 SpecError(
                     f"inventory.host.{host}", [a, b], f"a host in only one of the exclusive groups {a} / {b}"
                 )
+            )
+    storage = _get(c, "storage") or {}
+    if storage.get("type") == "nfs":
+        sg = (storage.get("nfs") or {}).get("server_group", "controller")
+        if not groups.get(sg):
+            e.append(
+                SpecError("cluster.storage.nfs.server_group", sg, "an inventory group with at least 1 host")
             )
     compute = set(groups.get("compute", []))
     for i, part in enumerate(_get(c, "slurm.partitions") or []):
