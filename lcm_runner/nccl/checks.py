@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lcm_runner.nccl.logparse import Channel, ProcessLog, comm_hosts, summary_of
+from lcm_runner.nccl.logparse import Channel, Comm, ProcessLog, comm_hosts, summary_of
 
 ERROR, WARN, INFO = "error", "warn", "info"
 
@@ -78,6 +78,7 @@ def check(logs: list[ProcessLog], expect: Expect) -> list[Flag]:
             Flag("no_logs", ERROR, "no NCCL log lines found (was NCCL_DEBUG=INFO and NCCL_DEBUG_FILE set?)")
         ]
     paths = classify(logs)
+    hosts = comm_hosts(logs)
     for i, log in enumerate(logs):
         who = _who(log)
         intra, inter = paths[i]["intra"], paths[i]["inter"]
@@ -95,7 +96,7 @@ def check(logs: list[ProcessLog], expect: Expect) -> list[Flag]:
                     )
                 )
             if log.net_plugin is not None and not log.net_plugin.startswith("IB"):
-                multi = any((c.nnodes or 1) > 1 for c in log.comms.values())
+                multi = any(_spans_hosts(c, hosts) for c in log.comms.values())
                 flags.append(
                     Flag(
                         "net_plugin_not_ib",
@@ -145,6 +146,18 @@ def check(logs: list[ProcessLog], expect: Expect) -> list[Flag]:
             )
     flags += _disagreements(logs, paths)
     return flags
+
+
+def _spans_hosts(comm: Comm, hosts: dict[tuple[str, int], str]) -> bool:
+    """Whether a communicator has ranks on more than one host (NCCL's nNodes when peers' logs are missing).
+
+    NCCL's own nNodes is not enough: with P2P and SHM disabled it counts every GPU of one host as a node.
+    """
+    if comm.comm_id is not None and comm.nranks is not None:
+        seen = {hosts.get((comm.comm_id, r)) for r in range(comm.nranks)}
+        if None not in seen:
+            return len(seen) > 1
+    return (comm.nnodes or 1) > 1
 
 
 def _disagreements(logs: list[ProcessLog], paths: dict[int, dict[str, set[str]]]) -> list[Flag]:

@@ -1,0 +1,5 @@
+import sys
+
+from lcm_runner.report import main
+
+sys.exit(main())

@@ -1,0 +1,284 @@
+"""The SLO table of a run: each measurement of the stage results beside its target, PASS/FAIL/SKIP.
+
+Numbers come only from `stages/<stage>.json` (written by the stages from real telemetry). A stage that
+did not run, or a measurement it could not make (null/NaN), gives SKIP with the reason, never a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lcm_runner.config import Targets
+
+PASS, FAIL, SKIP, INFO = "PASS", "FAIL", "SKIP", "INFO"
+STAGES = ("baseline", "resume", "fault", "nccl_profile")
+
+
+@dataclass
+class Row:
+    key: str
+    label: str
+    unit: str  # "s" (seconds), "fraction" (shown as %), "x" (a ratio), "rel" (a relative difference)
+    value: float | None
+    target: float | None  # upper bound (every SLO here is lower-is-better)
+    status: str  # PASS | FAIL | SKIP | INFO (no target)
+    source: str  # "<stage>.metrics.<key>"
+    note: str = ""
+
+
+@dataclass
+class Regression:
+    key: str
+    label: str
+    before: float | None
+    after: float | None
+    change: float | None  # relative change (after/before - 1)
+    why: str
+
+
+@dataclass
+class SloReport:
+    run_dir: str
+    rows: list[Row]
+    stages: dict[str, dict[str, Any]]
+    targets: dict[str, float]
+    problems: list[str] = field(default_factory=list)  # unreadable stage files, ...
+    regressions: list[Regression] = field(default_factory=list)
+    baseline_of_comparison: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """FAIL when a measured SLO fails, a stage failed or a regression was found; PASS otherwise."""
+        if any(r.status == FAIL for r in self.rows) or self.regressions:
+            return FAIL
+        if any(s.get("verdict") == FAIL for s in self.stages.values()):
+            return FAIL
+        if not any(r.status == PASS for r in self.rows):
+            return SKIP
+        return PASS
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir,
+            "verdict": self.verdict,
+            "targets": self.targets,
+            "rows": [asdict(r) for r in self.rows],
+            "stages": {
+                k: {"verdict": v.get("verdict", SKIP), "summary": v.get("summary", "")}
+                for k, v in self.stages.items()
+            },
+            "regressions": [asdict(r) for r in self.regressions],
+            "compared_with": self.baseline_of_comparison,
+            "problems": self.problems,
+        }
+
+
+def fmt(value: float | None, unit: str) -> str:
+    """A measurement for people: 123.4 ms / 12.34 s, 12.3 %, 1.23x, 1.2e-05."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    if unit == "s":
+        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if unit == "fraction":
+        return f"{value * 100:.1f} %"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "rel":
+        return f"{value:.1e}"
+    return f"{value:.4g}"
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def load_stages(run_dir: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """stages/*.json of a run; unreadable files are reported, not guessed at."""
+    stages: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    d = run_dir / "stages"
+    for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            obj = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            problems.append(f"{path.name}: unreadable ({exc})")
+            continue
+        if not isinstance(obj, dict) or "verdict" not in obj:
+            problems.append(f"{path.name}: not a stage result (no verdict)")
+            continue
+        stages[str(obj.get("stage") or path.stem)] = obj
+    return stages, problems
+
+
+def _row(
+    stages: dict[str, dict[str, Any]],
+    stage: str,
+    path: tuple[str, ...],
+    key: str,
+    label: str,
+    unit: str,
+    target: float | None,
+) -> Row:
+    source = f"{stage}.metrics." + ".".join(path)
+    st = stages.get(stage)
+    if st is None:
+        return Row(key, label, unit, None, target, SKIP, source, f"stage {stage} did not run")
+    value: Any = st.get("metrics", {})
+    for p in path:
+        value = value.get(p) if isinstance(value, dict) else None
+    v = _num(value)
+    if v is None:
+        why = f"{stage} did not measure it"
+        if len(path) == 2 and isinstance(st.get("metrics", {}).get(path[0]), dict):
+            err = st["metrics"][path[0]].get("error")
+            if err:
+                why = f"case {path[0]} failed: {str(err)[:120]}"
+        elif len(path) == 2:
+            why = f"case {path[0]} did not run"
+        return Row(key, label, unit, None, target, SKIP, source, why)
+    if target is None:
+        return Row(key, label, unit, v, None, INFO, source)
+    return Row(key, label, unit, v, target, PASS if v <= target else FAIL, source)
+
+
+def build_rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:
+    s = stages
+    return [
+        _row(s, "baseline", ("step_time_mean_s",), "step_time_mean_s", "Per-step time, mean", "s", None),
+        _row(s, "baseline", ("step_time_p99_s",), "step_time_p99_s", "Per-step time, p99", "s", None),
+        _row(
+            s,
+            "baseline",
+            ("comm_fraction",),
+            "comm_fraction",
+            "NCCL/communication time / step time",
+            "fraction",
+            t.nccl_fraction_max,
+        ),
+        _row(
+            s, "baseline", ("ckpt_write_s",), "ckpt_write_s", "Checkpoint write time", "s", t.ckpt_write_s_max
+        ),
+        _row(
+            s,
+            "baseline",
+            ("ckpt_blocking_s",),
+            "ckpt_blocking_s",
+            "Checkpoint time blocking training",
+            "s",
+            None,
+        ),
+        _row(
+            s,
+            "resume",
+            ("resume_s",),
+            "resume_s",
+            "Resume: submission -> first new step",
+            "s",
+            t.resume_s_max,
+        ),
+        _row(
+            s,
+            "resume",
+            ("loss_rel_diff",),
+            "resume_loss_rel_diff",
+            "Resume: loss vs uninterrupted run (rel.)",
+            "rel",
+            None,
+        ),
+        _row(
+            s,
+            "fault",
+            ("trainer_kill", "downtime_s"),
+            "recovery_s",
+            "Fault recovery downtime (trainer kill -9)",
+            "s",
+            t.recovery_s_max,
+        ),
+        _row(
+            s,
+            "fault",
+            ("trainer_kill", "ratio_to_floor"),
+            "recovery_floor_ratio",
+            "Fault recovery / fresh-launch floor",
+            "x",
+            t.recovery_floor_ratio_max,
+        ),
+        _row(
+            s,
+            "fault",
+            ("node_loss", "downtime_s"),
+            "node_loss_s",
+            "Node loss: kill -> first new step",
+            "s",
+            t.node_loss_s_max,
+        ),
+        _row(
+            s,
+            "fault",
+            ("torchrun_restart_ref", "downtime_s"),
+            "torchrun_restart_s",
+            "Stock torchrun restart (reference)",
+            "s",
+            None,
+        ),
+        _row(
+            s, "fault", ("floor", "downtime_s"), "floor_s", "Floor: fresh launch from checkpoint", "s", None
+        ),
+        _row(
+            s,
+            "fault",
+            ("trainer_kill", "loss_max_rel_diff"),
+            "recovery_loss_rel_diff",
+            "Fault recovery: max loss diff vs uninterrupted (rel.)",
+            "rel",
+            None,
+        ),
+    ]
+
+
+def compare(rows: list[Row], earlier: dict[str, Any], tolerance: float) -> list[Regression]:
+    """Regressions against an earlier slo.json: a lower-is-better number that grew by more than
+    `tolerance` (relative), or a row that passed then and fails now."""
+    before = {r.get("key"): r for r in earlier.get("rows", []) if isinstance(r, dict)}
+    out: list[Regression] = []
+    for row in rows:
+        old = before.get(row.key)
+        if old is None:
+            continue
+        ov, nv = _num(old.get("value")), row.value
+        if old.get("status") == PASS and row.status == FAIL:
+            out.append(Regression(row.key, row.label, ov, nv, _rel(ov, nv), "passed before, fails now"))
+            continue
+        if ov is None or nv is None or row.key.endswith("loss_rel_diff"):
+            continue
+        change = _rel(ov, nv)
+        if change is not None and change > tolerance:
+            out.append(
+                Regression(row.key, row.label, ov, nv, change, f"+{change:.0%} (tolerance {tolerance:.0%})")
+            )
+    return out
+
+
+def _rel(old: float | None, new: float | None) -> float | None:
+    if old is None or new is None or old <= 0:
+        return None
+    return new / old - 1.0
+
+
+def build(
+    run_dir: Path, targets: Targets, earlier: dict[str, Any] | None = None, earlier_name: str | None = None
+) -> SloReport:
+    stages, problems = load_stages(run_dir)
+    rows = build_rows(stages, targets)
+    rep = SloReport(str(run_dir), rows, stages, asdict(targets), problems)
+    if earlier is not None:
+        rep.regressions = compare(rows, earlier, targets.regression_rel_max)
+        rep.baseline_of_comparison = earlier_name
+    return rep
