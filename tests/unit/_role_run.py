@@ -87,9 +87,15 @@ def run_role(
         "localhost_warning = false\n"
         "inventory_unparsed_warning = false\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")} | {"ANSIBLE_CONFIG": str(cfg)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")} | {
+        "ANSIBLE_CONFIG": str(cfg),
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / ".ansible-tmp"),
+    }
+    # LCM_ANSIBLE_PLAYBOOK: another way to start ansible-playbook (e.g. "python3 -m ansible playbook" on a
+    # GPU machine that has ansible-core on PYTHONPATH but no venv of this project).
+    launcher = os.environ.get("LCM_ANSIBLE_PLAYBOOK", str(Path(sys.executable).parent / "ansible-playbook"))
     cmd = [
-        str(Path(sys.executable).parent / "ansible-playbook"),
+        *launcher.split(),
         "-i",
         "localhost,",
         "-c",
