@@ -180,12 +180,22 @@ def timeline(records: list[telemetry.Record], stages: dict[str, dict[str, Any]],
                 fontsize=10,
                 fontweight="bold",
             )
-        elif c["error"]:
+        if not recs:
+            ax.annotate(
+                "no telemetry steps for this case's jobs",
+                xy=(0.5, 0.85),
+                xycoords="axes fraction",
+                ha="center",
+                fontsize=8,
+                color="tab:gray",
+            )
+        if c["error"]:
             ax.annotate(
                 f"no recovery: {c['error'][:70]}", xy=(0.02, 0.5), xycoords="axes fraction", fontsize=9
             )
         ax.set_title(c["name"], loc="left", fontsize=10)
         ax.set_ylabel("step")
+        ax.set_ylim(bottom=0, top=max([r.step or 0 for r in recs] + [1]) * 1.1)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("seconds since the kill (fresh launch for the floor)")
     axes[0, 0].legend(fontsize=7, loc="upper left", ncol=4)

@@ -223,3 +223,37 @@ def test_cli_parse_only(tmp_path: Path) -> None:
         check=False,
     )
     assert r.returncode == 1 and "verdict: FAIL" in r.stdout
+
+
+# --- logs captured on the lent 2x H200 machine with the rendered nccl_env.sh (see fixtures/nccl/README.md)
+
+
+def test_h200_tuning_logs_give_algorithms_and_prove_nvlink() -> None:
+    s = profile_dir(FIXTURES / "h200x2-tuning", IB_SPEC)
+    r0, r1 = s["ranks"]
+    assert r0["algos"]["AllReduce"] == {"RING/LL": 14, "RING/SIMPLE": 14}
+    assert set(r0["algos"]) == {"AllGather", "AllReduce", "Broadcast", "ReduceScatter"}
+    assert r1["algos"] == {}  # NCCL prints the choice on rank 0 only
+    assert r0["env"]["NCCL_P2P_LEVEL"] == "NVL" and r0["intra_node"] == ["P2P/CUMEM"]
+    codes = {f["code"] for f in s["flags"]}
+    assert "p2p_link_unverified" not in codes  # NCCL_P2P_LEVEL=NVL and NVL links in the topology dump
+    assert "non_nvlink_intra_node" not in codes and s["ok"]
+
+
+def test_h200_shm_logs_flag_non_nvlink_path() -> None:
+    s = profile_dir(FIXTURES / "h200x2-shm", IB_SPEC)
+    assert s["transports"] == ["SHM"] and not s["ok"]
+    assert [f["ranks"] for f in s["flags"] if f["code"] == "non_nvlink_intra_node"] == [[0], [1]]
+    # without an NVLink expectation (the lab spec) the same logs are fine
+    assert profile_dir(FIXTURES / "h200x2-shm", LAB_SPEC)["ok"]
+
+
+def test_h200_socket_logs_are_intra_node_even_though_nccl_says_two_nodes() -> None:
+    logs = [parse_file(p) for p in sorted((FIXTURES / "h200x2-socket").glob("*.log"))]
+    assert all(c.nnodes == 2 and c.local_ranks == 1 for log in logs for c in log.comms.values())
+    s = profile_dir(FIXTURES / "h200x2-socket", IB_SPEC)
+    r0 = s["ranks"][0]
+    assert r0["intra_node"] == ["NET/Socket"] and r0["inter_node"] == []  # one host: not "between nodes"
+    codes = {f["code"] for f in s["flags"]}
+    assert "socket_between_nodes" not in codes and "non_nvlink_intra_node" in codes
+    assert r0["gdr"] is False

@@ -120,3 +120,53 @@ def test_follow_from_end_ignores_old_records(tmp_path: Path) -> None:
         telemetry.follow(tmp_path, lambda r: r.event == "step", timeout_s=0.3, poll_s=0.05, from_start=False)
         is None
     )
+
+
+def test_reads_what_the_trainer_writer_writes(tmp_path: Path) -> None:
+    from lcm_runner.train.telemetry import TelemetryWriter
+
+    w = TelemetryWriter(tmp_path / TELEMETRY_DIR, rank=3, attempt=1, job="77")
+    w.emit("step", step=5, loss=1.25, step_time_s=0.1, comm_time_s=0.01)
+    w.emit("exit", durable=True, code=75, reason="signal")
+    w.close()
+    recs = telemetry.load_run(tmp_path, strict=True)
+    assert [(r.event, r.rank, r.attempt, r.job) for r in recs] == [("step", 3, 1, "77"), ("exit", 3, 1, "77")]
+    assert recs[0].data == {"step": 5, "loss": 1.25, "step_time_s": 0.1, "comm_time_s": 0.01}
+    assert telemetry.exit_code(recs, "77") == 75
+    assert telemetry.exit_code(recs, "77", since=recs[1].ts + 1) is None
+    assert telemetry.exit_code(recs, "other") is None
+
+
+def test_exit_code_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    _write(tmp_path, 0, [{"ts": 5.0, "event": "exit", "code": 1}])
+    _write(tmp_path, 1, [{"ts": 5.1, "event": "exit", "code": 75}])
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "lcm_runner.telemetry", "exit-code", str(tmp_path), "--job", "42"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    ).stdout
+    assert out.strip() == "75"  # a requeue request wins: the ranks only exit 75 after a complete save
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lcm_runner.telemetry",
+            "exit-code",
+            str(tmp_path),
+            "--job",
+            "42",
+            "--since",
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    ).stdout
+    assert out == ""
