@@ -150,9 +150,6 @@ def _stage_main(ns: argparse.Namespace) -> int:
         from lcm_runner.nccl.cli import run as parse_run
 
         return parse_run(argparse.Namespace(log_dir=ns.parse_only, inventory=ns.inventory, json_out=None))
-    from lcm_runner.stages import all as all_stage
-    from lcm_runner.stages import baseline, fault, nccl_profile, resume
-
     try:
         ctx = make_context(ns)
     except (ConfigError, UsageError, LaunchError) as e:
@@ -162,6 +159,19 @@ def _stage_main(ns: argparse.Namespace) -> int:
         print(f"lcm-runner {ns.stage}: {e}", file=sys.stderr)
         return 2
     print(f"run dir: {ctx.run_dir}", flush=True)
+    try:
+        return _run_stage(ns, ctx)
+    except KeyboardInterrupt:
+        print(f"lcm-runner {ns.stage}: interrupted; stopping its jobs", file=sys.stderr)
+        return 130
+    finally:
+        ctx.launcher.close()
+
+
+def _run_stage(ns: argparse.Namespace, ctx: Any) -> int:
+    from lcm_runner.stages import all as all_stage
+    from lcm_runner.stages import baseline, fault, nccl_profile, resume
+
     if ns.stage == "all":
         only = [s.strip() for s in ns.only.split(",")] if ns.only else None
         known = [n for n, _ in all_stage.SEQUENCE]

@@ -122,6 +122,9 @@ class Launcher(Protocol):
     def relaunch(self, job: Job, exclude: list[str]) -> Job:
         """Start the job again from its last checkpoint, away from `exclude` when a spare exists."""
 
+    def close(self) -> None:
+        """Stop whatever this launcher started that still runs (on exit or interrupt)."""
+
 
 def base_env(job_id: str, tag: str, node: str, run_dir: Path) -> dict[str, str]:
     """What every agent of a job gets on top of the launching environment."""

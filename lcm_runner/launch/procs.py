@@ -38,7 +38,9 @@ class Proc:
         if self.comm == TRAINER_COMM:
             return True
         argv = self.cmdline.split()
-        return "-m" in argv and TRAINER_MODULE in argv
+        # `python [-u] -m lcm_runner.train ...`; not torchrun's agent (`-m torch.distributed.run ... -m
+        # lcm_runner.train`), whose first -m names another module
+        return "-m" in argv and argv[argv.index("-m") + 1 :][:1] == [TRAINER_MODULE]
 
 
 def _read(path: Path) -> bytes | None:

@@ -39,6 +39,7 @@ class LocalLauncher:
         self.spare_nodes = spare_nodes
         self.node_prefix = node_prefix
         self._jobs: dict[str, _Local] = {}
+        self._placed: dict[str, tuple[str, list[str]]] = {}  # job id -> (tag, nodes)
         self._seq = itertools.count(1)
 
     # --- placement -------------------------------------------------------------------------------
@@ -58,6 +59,9 @@ class LocalLauncher:
         spec.validate()
         n = next(self._seq)
         job_id = f"{spec.name}-{n}"
+        while (spec.run_dir / "logs" / job_id).exists():  # ids stay unique in a reused run dir
+            n = next(self._seq)
+            job_id = f"{spec.name}-{n}"
         placed = nodes if nodes is not None else self.pool(spec)[: spec.nodes]
         if len(placed) != spec.nodes:
             raise LaunchError(f"{job_id}: needs {spec.nodes} nodes, {len(placed)} available")
@@ -93,6 +97,7 @@ class LocalLauncher:
             )
             log.close()
         self._jobs[job_id] = local
+        self._placed[job_id] = (job.tag, list(placed))
         return job
 
     def _local(self, job: Job) -> _Local:
@@ -171,13 +176,29 @@ class LocalLauncher:
             procs.wait_gone(job.tag, node, 5.0)
 
     def relaunch(self, job: Job, exclude: list[str]) -> Job:
-        """Start the job again (the trainer auto-resumes from --load's latest) on nodes not excluded."""
+        """Start the job again (the trainer auto-resumes from --load's latest) on nodes not excluded,
+        once the old one has ended (its survivors give up within their bounded timeouts; past that
+        bound the old job is killed, as a scheduler's time limit would)."""
+        bound = job.spec.join_timeout_s + job.spec.hb_timeout_s + 30.0
+        if not self.wait(job, bound).state.finished:
+            self.cancel(job, hard=True)
         keep = [n for n in job.nodes if n not in exclude]
         spares = [n for n in self.pool(job.spec) if n not in job.nodes and n not in exclude]
         # the lost node "comes back" when no spare is left
         fill = spares + [n for n in exclude if n in job.nodes]
         nodes = keep + fill[: job.spec.nodes - len(keep)]
         return self.submit(job.spec, nodes=nodes)
+
+    def close(self) -> None:
+        """Kill every job this launcher started that still runs (the CLI exits or is interrupted)."""
+        for local in self._jobs.values():
+            for p in local.agents.values():
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+        for tag, nodes in self._placed.values():
+            for node in nodes:
+                procs.kill(procs.scan(tag, node))
 
     def _check_node(self, job: Job, node: str) -> None:
         if node not in job.nodes:

@@ -158,7 +158,7 @@ class StageContext:
         env: dict[str, str] | None = None,
     ) -> JobSpec:
         c = self.cfg
-        save = self.checkpoint_root() / ckpt
+        save = self.fresh_checkpoint_dir(ckpt)
         args = c.to_train_args(
             str(save), telemetry_dir=str(self.run_dir / "telemetry"), train_iters=train_iters
         )
@@ -182,6 +182,18 @@ class StageContext:
             time_limit=c.time_limit,
             partition=c.partition,
         )
+
+    def fresh_checkpoint_dir(self, name: str) -> Path:
+        """<checkpoints>/<name>, or <name>.2, .3 ... when a stage already ran in this run dir: a job
+        must start from nothing (never from an earlier stage's final checkpoint), and nothing is
+        deleted."""
+        root = self.checkpoint_root()
+        path, n = root / name, 1
+        while path.exists():
+            n += 1
+            path = root / f"{name}.{n}"
+        path.mkdir(parents=True)
+        return path
 
     def checkpoint_root(self) -> Path:
         return Path(self.cfg.checkpoint_dir) if self.cfg.checkpoint_dir else self.run_dir / "checkpoints"

@@ -1,0 +1,240 @@
+"""Slurm launcher: runs on the controller and drives jobs with sbatch/squeue/scontrol/scancel, and acts
+on nodes the way an operator does, with `srun --overlap --jobid=<job> -w <node>` (a step inside the
+running job, on that node only) running `python -m lcm_runner.launch.procs`.
+
+The batch script is the one rendered from lcm_runner/templates/train.sbatch.j2 (lcm_runner.render):
+one agent per node through srun; the script requeues the job itself when the agents exit
+REQUEUE (75, checkpointed after a signal) or NODE_LOST (76, a peer node vanished).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from lcm_runner.config import RunConfig
+from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, LaunchError
+
+_STATES = {
+    "PENDING": JobState.PENDING,
+    "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "REQUEUE_FED": JobState.PENDING,
+    "CONFIGURING": JobState.RUNNING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "COMPLETED": JobState.COMPLETED,
+    "CANCELLED": JobState.CANCELLED,
+    "PREEMPTED": JobState.CANCELLED,
+}  # everything else (FAILED, NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE) is FAILED
+
+
+def parse_scontrol(text: str) -> dict[str, str]:
+    """`scontrol show job -o` output (one line of Key=Value) -> dict."""
+    out: dict[str, str] = {}
+    for m in re.finditer(r"(\w[\w:/]*)=(\S*)", text):
+        out.setdefault(m.group(1), m.group(2))
+    return out
+
+
+def state_of(fields: dict[str, str]) -> JobStatus:
+    raw = fields.get("JobState", "UNKNOWN")
+    state = _STATES.get(raw, JobState.FAILED)
+    code = fields.get("ExitCode", "0:0")
+    return JobStatus(
+        state, {"batch": int(code.split(":")[0] or 0)}, f"{raw} exit {code} {fields.get('Reason', '')}"
+    )
+
+
+class SlurmLauncher:
+    name = "slurm"
+
+    def __init__(self, cluster: dict[str, Any], cfg: RunConfig, run_cmd: Any = None) -> None:
+        self.cluster = cluster
+        self.cfg = cfg
+        self._run_cmd = run_cmd or _run
+        self._seq = itertools.count(1)
+        self._drained: list[str] = []
+        self._started: list[Job] = []
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _sh(
+        self, *argv: str, timeout: float = 60.0, check: bool = True, env: dict[str, str] | None = None
+    ) -> str:
+        return self._run_cmd(list(argv), timeout=timeout, check=check, env=env)
+
+    def _fields(self, job: Job) -> dict[str, str]:
+        out = self._sh("scontrol", "show", "job", "-o", job.id, check=False)
+        if "Invalid job id" in out or "JobId=" not in out:
+            return {}
+        return parse_scontrol(out)
+
+    def _hostnames(self, nodelist: str) -> list[str]:
+        if not nodelist or nodelist in ("(null)", "None"):
+            return []
+        return self._sh("scontrol", "show", "hostnames", nodelist).split()
+
+    def _on_node(self, job: Job, node: str, action: str) -> dict[str, Any]:
+        """Run the process tool on one node: inside the running job (--overlap), else as a tiny new job."""
+        tool = [self.cfg.python, "-m", "lcm_runner.launch.procs", action, "--tag", job.tag]
+        if self.status(job).state == JobState.RUNNING:
+            argv = ["srun", "--overlap", f"--jobid={job.id}", "-w", node, "-N1", "-n1", "--quiet", *tool]
+        else:
+            argv = ["srun", "-w", node, "-N1", "-n1", "--quiet", "-t", "1", *self._partition(), *tool]
+        out = self._sh(*argv, timeout=60.0)
+        line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), "")
+        if not line:
+            raise LaunchError(f"{action} on {node}: no answer from lcm_runner.launch.procs: {out[-300:]}")
+        return json.loads(line)
+
+    def _partition(self) -> list[str]:
+        return ["-p", self.cfg.partition] if self.cfg.partition else []
+
+    # --- submit / follow -------------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> Job:
+        from lcm_runner.render import sbatch_text
+
+        spec.validate()
+        cfg = dataclasses.replace(self.cfg, agent=spec.agent, max_restarts=spec.max_restarts)
+        profile = spec.env.get("NCCL_DEBUG") == "INFO"
+        text = sbatch_text(
+            self.cluster,
+            cfg,
+            spec.run_dir,
+            train_args=spec.train_args,
+            nccl_profile=profile,
+            job_name=f"lcm-{spec.name}",
+        )
+        n = next(self._seq)
+        path = spec.run_dir / "sbatch" / f"{spec.name}-{n}.sbatch"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (spec.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        env = {**os.environ, **{k: v for k, v in spec.env.items() if not k.startswith("NCCL_DEBUG")}}
+        submitted = time.time()
+        out = self._sh("sbatch", "--parsable", str(path), env=env).strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise LaunchError(f"sbatch did not return a job id: {out!r}")
+        job = Job(job_id, spec, submitted, tag=f"{spec.run_dir.name}/{job_id}")
+        self._started.append(job)
+        return job
+
+    def status(self, job: Job) -> JobStatus:
+        f = self._fields(job)
+        if not f:
+            return JobStatus(JobState.FAILED, {}, "job record gone (MinJobAge passed?)")
+        st = state_of(f)
+        if st.state == JobState.RUNNING:
+            job.nodes = self._hostnames(f.get("NodeList", "")) or job.nodes
+        return st
+
+    def wait(self, job: Job, timeout_s: float) -> JobStatus:
+        deadline = time.monotonic() + timeout_s
+        st = self.status(job)
+        while not st.state.finished and time.monotonic() < deadline:
+            time.sleep(0.5)
+            st = self.status(job)
+        return st
+
+    def cancel(self, job: Job, hard: bool = False) -> None:
+        if hard:
+            self._sh("scancel", "--signal=KILL", "--full", job.id, check=False)
+        self._sh("scancel", job.id, check=False)
+        self.wait(job, 60.0)
+
+    # --- faults ----------------------------------------------------------------------------------
+    def kill_trainer(self, job: Job, node: str) -> float:
+        ans = self._on_node(job, node, "kill-trainer")
+        if not ans["procs"]:
+            raise LaunchError(f"job {job.id}: no trainer process on {node} to kill")
+        return float(ans["ts"])
+
+    def kill_node(self, job: Job, node: str) -> float:
+        ans = self._on_node(job, node, "kill-all")
+        if not ans["procs"]:
+            raise LaunchError(f"job {job.id}: nothing of the job runs on {node}")
+        return float(ans["ts"])
+
+    def processes_left(self, job: Job, node: str) -> list[str]:
+        ans = self._on_node(job, node, "list")
+        return [f"{p['pid']} {p['comm']}: {p['cmdline'][:120]}" for p in ans["procs"]]
+
+    def cleanup(self, job: Job) -> None:
+        for node in list(job.nodes):
+            self._on_node(job, node, "kill-all")
+        for node in self._drained:
+            self._sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+        self._drained.clear()
+
+    def spare_nodes(self, job: Job) -> list[str]:
+        out = self._sh("sinfo", "-h", "-N", "-t", "idle", "-o", "%N", *self._partition(), check=False)
+        return [n for n in out.split() if n not in job.nodes]
+
+    def relaunch(self, job: Job, exclude: list[str]) -> Job:
+        """After a node loss: drain the lost node when a spare is idle (the requeue lands there), let
+        the batch script requeue the job (survivors exit NODE_LOST); requeue it here if it ended
+        otherwise; start it now rather than after Slurm's requeue delay; wait until it runs again."""
+        if self.spare_nodes(job):
+            for node in exclude:
+                self._sh(
+                    "scontrol",
+                    "update",
+                    f"NodeName={node}",
+                    "State=DRAIN",
+                    "Reason=lcm-fault-node-loss",
+                    check=False,
+                )
+                self._drained.append(node)
+        restarts = int(self._fields(job).get("Restarts", "0") or 0)
+        bound = job.spec.join_timeout_s + job.spec.hb_timeout_s + 60.0
+        deadline = time.monotonic() + bound
+        while time.monotonic() < deadline:
+            f = self._fields(job)
+            if int(f.get("Restarts", "0") or 0) > restarts or f.get("JobState") in ("PENDING", "REQUEUED"):
+                break
+            if f.get("JobState") in ("FAILED", "COMPLETED", "CANCELLED", "NODE_FAIL", "TIMEOUT"):
+                self._sh("scontrol", "requeue", job.id)
+                break
+            time.sleep(0.2)
+        else:
+            raise LaunchError(f"job {job.id} neither requeued nor ended within {bound:.0f}s of the node loss")
+        self._sh("scontrol", "update", f"JobId={job.id}", "StartTime=now", check=False)
+        deadline = time.monotonic() + 300.0
+        while time.monotonic() < deadline:
+            if self.status(job).state == JobState.RUNNING and job.nodes:
+                return job
+            time.sleep(0.2)
+        raise LaunchError(f"job {job.id} was requeued but did not start again within 300s")
+
+    def close(self) -> None:
+        for job in self._started:
+            if not self.status(job).state.finished:
+                self._sh("scancel", job.id, check=False)
+
+
+def _run(argv: list[str], timeout: float, check: bool, env: dict[str, str] | None) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    except FileNotFoundError as e:
+        raise LaunchError(f"{argv[0]} not found: the slurm launcher runs on the Slurm controller") from e
+    except subprocess.TimeoutExpired as e:
+        raise LaunchError(f"{' '.join(argv[:4])} timed out after {timeout:.0f}s") from e
+    if check and p.returncode != 0:
+        raise LaunchError(
+            f"{' '.join(argv[:6])} failed ({p.returncode}): {(p.stderr or p.stdout).strip()[-400:]}"
+        )
+    return p.stdout + p.stderr if not check else p.stdout
+
+
+__all__ = ["Path", "SlurmLauncher", "parse_scontrol", "state_of"]

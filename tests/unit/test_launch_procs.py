@@ -1,0 +1,78 @@
+"""The tagged-process scan that every leftover check relies on: real processes, real /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lcm_runner.launch import procs
+
+
+def _start(tag: str, node: str, *argv: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, procs.TAG_ENV: tag, procs.NODE_ENV: node}
+    return subprocess.Popen(list(argv), env=env, start_new_session=True)
+
+
+def test_scan_finds_tagged_children_and_grandchildren_by_node() -> None:
+    tag = f"test-procs-{os.getpid()}"
+    # a shell whose child outlives nothing: both carry the tag through the environment
+    a = _start(tag, "n0", "bash", "-c", "sleep 30 & wait")
+    b = _start(tag, "n1", "sleep", "30")
+    other = _start(tag + "-other", "n0", "sleep", "30")
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(procs.scan(tag, "n0")) < 2:
+            time.sleep(0.05)
+        n0 = procs.scan(tag, "n0")
+        assert {p.comm for p in n0} == {"bash", "sleep"}
+        assert all(p.node == "n0" for p in n0)
+        assert [p.pid for p in procs.scan(tag, "n1")] == [b.pid]
+        assert len(procs.scan(tag)) == 3  # every node
+        assert other.pid not in [p.pid for p in procs.scan(tag)]
+        procs.kill(n0)
+        assert procs.wait_gone(tag, "n0", 5.0) == []
+        assert [p.pid for p in procs.scan(tag)] == [b.pid]
+    finally:
+        for p in (a, b, other):
+            p.kill()
+            p.wait()
+    assert procs.scan(tag) == []
+
+
+@pytest.mark.parametrize(
+    ("comm", "cmdline", "trainer"),
+    [
+        ("lcm-trainer", "python -m lcm_runner.launch.agent --nnodes 2", True),  # forked by our agent
+        ("python", "/venv/bin/python -u -m lcm_runner.train --num-layers 2", True),  # exec'd by torchrun
+        ("pt_elastic", "python -m torch.distributed.run --nnodes 2 -m lcm_runner.train --x", False),
+        ("python", "python -m lcm_runner.launch.agent --nnodes 2 -- --train-iters 3", False),
+        ("python", "python -c from multiprocessing.spawn import spawn_main", False),
+    ],
+)
+def test_is_trainer_tells_ranks_from_agents_and_helpers(comm: str, cmdline: str, trainer: bool) -> None:
+    assert procs.Proc(1, 1, comm, cmdline, "n0").is_trainer is trainer
+
+
+def test_cli_lists_and_kills_as_json() -> None:
+    tag = f"test-procs-cli-{os.getpid()}"
+    p = _start(tag, "n0", "sleep", "30")
+    try:
+        time.sleep(0.2)
+        out = subprocess.run(
+            [sys.executable, "-m", "lcm_runner.launch.procs", "kill-all", "--tag", tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        import json
+
+        ans = json.loads(out)
+        assert [q["pid"] for q in ans["procs"]] == [p.pid]
+        assert p.wait(5) == -9
+    finally:
+        if p.poll() is None:
+            p.kill()
