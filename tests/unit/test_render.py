@@ -53,8 +53,10 @@ def test_lab_and_h200_render_and_pass_bash_n(tmp_path: Path) -> None:
 
 
 def test_h200_sbatch_has_gres_container_torchrun_and_signal(tmp_path: Path) -> None:
-    out = render.render_run(_cluster(H200), _cfg("h200.yml"), tmp_path / "r", nccl_profile=True)
+    cluster = _cluster(H200)
+    out = render.render_run(cluster, _cfg("h200.yml"), tmp_path / "r", nccl_profile=True)
     text = out.sbatch.read_text()
+    mp = cluster["storage"]["mountpoint"]
     for line in (
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=1",
@@ -77,7 +79,7 @@ def test_h200_sbatch_has_gres_container_torchrun_and_signal(tmp_path: Path) -> N
     ):
         assert line in text, line
     mounts = next(ln for ln in text.splitlines() if "--container-mounts=" in ln)
-    assert "/mnt/ckpt:/mnt/ckpt" in mounts and f"{out.run_dir}:{out.run_dir}" in mounts
+    assert f"{mp}:{mp}" in mounts and f"{out.run_dir}:{out.run_dir}" in mounts
     assert (out.run_dir / "nccl").is_dir()
 
 
