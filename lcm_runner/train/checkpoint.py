@@ -111,6 +111,10 @@ class CheckpointManager:
     def __post_init__(self) -> None:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        if self.save_dir is not None:
+            from .procutil import install_checkpoint_results_queue
+
+            install_checkpoint_results_queue()
         if self.async_save:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 

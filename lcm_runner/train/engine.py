@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import signal
+import socket
 import time
 import traceback
 import warnings
@@ -34,8 +35,6 @@ def _default_single_process_env() -> None:
     """Allow `python -m lcm_runner.train ...` without torchrun: a world of one on loopback."""
     if "RANK" in os.environ:
         return
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -216,6 +215,8 @@ class Trainer:
             global_batch_size=self.global_batch,
             seq_length=a.seq_length,
             async_save=a.async_save,
+            pid=os.getpid(),
+            host=socket.gethostname(),
             durable=True,
         )
         start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)

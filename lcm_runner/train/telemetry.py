@@ -43,7 +43,8 @@ class TelemetryWriter:
     def emit(self, event: str, durable: bool = False, **data: Any) -> dict[str, Any]:
         rec = {"ts": time.time(), "event": event, "rank": self.rank, "attempt": self.attempt, "job": self.job}
         rec.update(data)
-        assert self._fh is not None
+        if self._fh is None:  # closed: a late signal during shutdown; nothing to append to
+            return rec
         self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
         self._fh.flush()
         if durable:
