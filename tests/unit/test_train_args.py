@@ -1,0 +1,109 @@
+"""Argument validation of `lcm-runner train`: specific errors before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from lcm_runner.contracts import ExitCode
+from lcm_runner.train.args import ArgError, parse_args, validate_world
+from lcm_runner.train.cli import main
+from lcm_runner.train.model import resolve_impl, resolve_optimizer_impl
+
+BASE = [
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+    "--micro-batch-size", "2", "--train-iters", "4", "--num-experts", "4",
+]  # fmt: skip
+
+
+def test_valid_minimal_parses_with_megatron_names() -> None:
+    a = parse_args([*BASE, "--expert-model-parallel-size", "2", "--moe-router-topk", "2", "--seed", "7"])
+    assert (a.num_layers, a.hidden_size, a.ep, a.moe_router_topk, a.seed) == (2, 64, 2, 2, 7)
+    assert a.distributed_timeout_minutes < 1  # a lost peer must not stall the fault stage for minutes
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--pipeline-model-parallel-size", "2"], "pipeline-model-parallel-size > 1 is not implemented"),
+        (["--fp16"], "--fp16 is not supported"),
+        (
+            ["--expert-model-parallel-size", "3"],
+            "--num-experts 4 is not divisible by --expert-model-parallel-size 3",
+        ),
+        (["--moe-router-topk", "5"], "--moe-router-topk 5 must be in 1..--num-experts (4)"),
+        (["--hidden-size", "66"], "--hidden-size 66 is not divisible by --num-attention-heads 4"),
+        (["--save-interval", "2"], "--save-interval needs --save"),
+        (["--async-save"], "--async-save needs --save"),
+        (["--data-path", "/nonexistent/corpus"], "/nonexistent/corpus.bin does not exist"),
+        (["--device", "cpu", "--bf16"], "--bf16 is a GPU option"),
+        (["--micro-batch-size", "0"], "--micro-batch-size must be > 0 (got 0)"),
+        (["--max-position-embeddings", "16"], "--max-position-embeddings 16 < --seq-length 32"),
+    ],
+)
+def test_static_errors_are_specific(extra: list[str], message: str) -> None:
+    with pytest.raises(ArgError) as e:
+        parse_args([*BASE, *extra])
+    assert message in str(e.value)
+
+
+def test_dense_model_cannot_have_expert_parallelism() -> None:
+    argv = [*BASE[:-2], "--expert-model-parallel-size", "2"]  # BASE ends with --num-experts 4
+    with pytest.raises(ArgError, match="needs --num-experts"):
+        parse_args(argv)
+
+
+@pytest.mark.parametrize(
+    ("extra", "world", "message"),
+    [
+        (["--tensor-model-parallel-size", "2"], 3, "world size 3 is not divisible by TP x PP = 2"),
+        (["--expert-model-parallel-size", "4"], 2, "not divisible by EP x ETP x PP = 4"),
+        (["--global-batch-size", "6"], 4, "--global-batch-size 6 is not divisible by micro batch 2 x DP 4"),
+        (["--tensor-model-parallel-size", "8", "--num-attention-heads", "4"], 8, "not divisible by TP 8"),
+    ],
+)
+def test_world_size_errors(extra: list[str], world: int, message: str) -> None:
+    a = parse_args([*BASE, *extra])
+    with pytest.raises(ArgError) as e:
+        validate_world(a, world)
+    assert message in str(e.value)
+
+
+def test_dp_size_and_microbatches() -> None:
+    a = parse_args([*BASE, "--global-batch-size", "16", "--expert-model-parallel-size", "2"])
+    assert validate_world(a, 4) == 4  # EP is carved out of DP; 16 / (2 x 4) = 2 micro-batches
+
+
+def test_flash_attention_without_kernel_fails_clearly() -> None:
+    a = parse_args([*BASE, "--use-flash-attn"])
+    with pytest.raises(ArgError, match="--use-flash-attn needs Transformer Engine"):
+        resolve_impl(a, "cpu")
+
+
+def test_transformer_engine_requested_but_missing() -> None:
+    a = parse_args([*BASE, "--transformer-impl", "transformer_engine"])
+    with pytest.raises(ArgError, match="Transformer Engine"):
+        resolve_impl(a, "cpu")
+
+
+def test_optimizer_choice() -> None:
+    assert resolve_optimizer_impl(parse_args(BASE), "cpu") == "torch"
+    assert resolve_optimizer_impl(parse_args(BASE), "cuda") == "megatron"
+    with pytest.raises(ArgError, match="no fp32 master weights"):
+        resolve_optimizer_impl(parse_args([*BASE, "--bf16", "--optimizer-impl", "torch"]), "cuda")
+
+
+def test_cli_returns_bad_args_code_before_starting(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*BASE, "--pipeline-model-parallel-size", "2"]) == ExitCode.BAD_ARGS
+    assert "pipeline-model-parallel-size" in capsys.readouterr().err
+
+
+def test_cli_registers_as_subcommand() -> None:
+    import argparse
+
+    from lcm_runner.train.cli import add_parser
+
+    top = argparse.ArgumentParser()
+    sub = top.add_subparsers()
+    add_parser(sub)
+    ns = top.parse_args(["train", *BASE, "--expert-model-parallel-size", "2"])
+    assert ns.expert_model_parallel_size == 2 and callable(ns.func)
