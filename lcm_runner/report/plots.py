@@ -7,6 +7,7 @@ returned), never filled with invented points.
 from __future__ import annotations
 
 import statistics
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -174,16 +175,18 @@ def timeline(records: list[telemetry.Record], stages: dict[str, dict[str, Any]],
             ax.axvline(dt, color="tab:green", lw=1.5, ls="--", label="first new step")
             ax.annotate(
                 f"downtime {dt:.2f} s",
-                xy=(dt / 2, 0.5),
+                xy=(dt / 2, 0.85),
                 xycoords=("data", "axes fraction"),
                 ha="center",
+                va="center",
                 fontsize=10,
                 fontweight="bold",
+                bbox={"boxstyle": "round", "fc": "white", "ec": "tab:red", "alpha": 0.9},
             )
         if not recs:
             ax.annotate(
                 "no telemetry steps for this case's jobs",
-                xy=(0.5, 0.85),
+                xy=(0.5, 0.75),
                 xycoords="axes fraction",
                 ha="center",
                 fontsize=8,
@@ -191,7 +194,12 @@ def timeline(records: list[telemetry.Record], stages: dict[str, dict[str, Any]],
             )
         if c["error"]:
             ax.annotate(
-                f"no recovery: {c['error'][:70]}", xy=(0.02, 0.5), xycoords="axes fraction", fontsize=9
+                "no recovery:\n" + textwrap.fill(str(c["error"]), 100),
+                xy=(0.02, 0.45),
+                xycoords="axes fraction",
+                va="center",
+                fontsize=8,
+                color="tab:red",
             )
         ax.set_title(c["name"], loc="left", fontsize=10)
         ax.set_ylabel("step")

@@ -55,7 +55,8 @@ def _describe(event: str, rec: telemetry.Record) -> str:
     if event == "signal":
         return f"signal {d.get('name')}"
     if event == "exit":
-        return f"exit code {d.get('code')} ({d.get('reason', '')})"
+        reason = " ".join(str(d.get("reason", "")).split())
+        return f"exit code {d.get('code')} ({reason[:120]}{'...' if len(reason) > 120 else ''})"
     return event + " " + " ".join(f"{k}={_fmt(v)}" for k, v in d.items())
 
 
