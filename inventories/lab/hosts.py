@@ -63,14 +63,13 @@ def build(settings: dict[str, str], ssh_dir: Path) -> dict:
     if net.version != 4 or net.prefixlen != 24 or not net.is_private:
         raise InventoryError(f"lab_network_subnet must be a private IPv4 /24, got {net}")
     offset = settings["lab_ip_offset"]
-    if not offset.isdigit() or not 2 <= int(offset) or int(offset) + count > 254:
+    if not offset.isdigit() or int(offset) < 2 or int(offset) + count > 254:
         raise InventoryError(f"lab_ip_offset must leave room for {count + 1} nodes in .2-.254, got {offset}")
     base = int(offset)
 
     names = ["lab-ctl"] + [f"lab-node{i}" for i in range(1, count + 1)]
     ssh_args = (
-        f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'} -o StrictHostKeyChecking=yes "
-        "-o IdentitiesOnly=yes"
+        f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'} -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
     )
     hostvars: dict[str, dict] = {
         "localhost": {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
