@@ -75,7 +75,8 @@ class AgentConfig:
     join_timeout_s: float = 60.0
     hb_interval_s: float = 0.25
     hb_timeout_s: float = 3.0
-    poll_s: float = 0.02
+    poll_s: float = 0.02  # waitpid cadence
+    store_poll_s: float = 0.05  # cadence of the store check for other nodes' failures
     module: str = "lcm_runner.train"
     preload: list[str] = field(default_factory=list)
     events: Path | None = None
@@ -344,6 +345,7 @@ class Agent:
     def monitor(self) -> tuple[str, str]:
         """Until the generation ends: ("done"|"restart"|"lost"|"requeue"|"signalled", detail)."""
         key = f"restart/{self.gen}"
+        next_store = 0.0
         while True:
             self._reap()
             for w in self.workers:
@@ -369,18 +371,22 @@ class Agent:
                     if w.code is None:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(w.pid, sig)
-            if not self.forwarded:
+            now = time.monotonic()
+            if not self.forwarded and now >= next_store:
+                # one store round trip per store_poll_s (ranks are reaped every poll_s): cheap on a busy node
+                next_store = now + self.cfg.store_poll_s
                 if self.store.check([key]):
                     detail = self.store.get(key).decode()
                     self.ev.emit("failure", gen=self.gen, source="remote", detail=detail)
                     return "restart", detail
+                beat_due = now >= self._hb_next
                 lost = self._heartbeat()
                 if lost:
                     self.store.compare_set(f"lost/{self.gen}", "", lost)
                     self.store.compare_set(f"lost/{self.gen + 1}", "", lost)
                     self.ev.emit("node_lost", gen=self.gen, detail=lost)
                     return "lost", lost
-                if self.store.check([f"lost/{self.gen}"]):
+                if beat_due and self.store.check([f"lost/{self.gen}"]):
                     return "lost", self.store.get(f"lost/{self.gen}").decode()
             time.sleep(self.cfg.poll_s)
 

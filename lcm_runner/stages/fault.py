@@ -139,26 +139,24 @@ def case_trainer_kill(
     watch = JobWatch(ctx, job)
     _run_until_kill_point(ctx, watch)
     node = job.nodes[ctx.cfg.fault.kill_node]
-    attempt = max(r.attempt for r in watch.records)
     kill_ts = ctx.launcher.kill_trainer(job, node)
     res.event(f"{name}: kill -9 trainer on {node} ({agent} agent)", kill_ts)
     ctx.progress.info(f"killed the trainer on {node} (job {job.id}); waiting for recovery")
-    first = watch.until(
-        lambda r: r.event == "step" and r.attempt > attempt and r.ts > kill_ts,
-        "the first step after recovery",
-    )
+    # stock torchrun restarts the healthy node's workers without counting an attempt, so the new
+    # attempt is recognised by its resume record (written before its first step), not by `attempt`
+    resumed = watch.until(lambda r: r.event == EVENT_RESUME and r.ts > kill_ts, "the restarted ranks' resume")
+    case.resumed_from_step = float(resumed.step or 0)
+    first = watch.until(lambda r: r.event == "step" and r.ts > resumed.ts, "the first step after recovery")
     res.event(f"{name}: first new step {first.step}", first.ts)
     case.downtime_s = first.ts - kill_ts
     case.first_new_step = float(first.step or 0)
-    resumed = watch.until(lambda r: r.event == EVENT_RESUME and r.attempt > attempt, "the resume record", 5)
-    case.resumed_from_step = float(resumed.step or 0)
     seen = _agent_events(job, kill_ts, ("failure",))
     if seen:
         case.detect_s = float(seen[0]["ts"]) - kill_ts
     st = watch.finish()
     case.completed = job_finished_ok(st)
     case.leftover_processes = float(_leftovers(ctx, [job]))
-    _compare(ctx, case, [r for r in watch.records if r.attempt > attempt], kill_ts, ref)
+    _compare(ctx, case, watch.records, kill_ts, ref)
     return case
 
 
