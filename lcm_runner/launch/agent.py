@@ -351,6 +351,11 @@ class Agent:
             for w in self.workers:
                 if w.code is None and w.pid in self._reaped:
                     w.code = self._reaped[w.pid]
+                    if w.code == int(ExitCode.BAD_ARGS):
+                        # the trainer refused its arguments: every restart would do the same
+                        detail = f"node{self.cfg.node_rank} rank{w.rank} exited {w.code} (bad arguments)"
+                        self.ev.emit("failure", gen=self.gen, source="local", rank=w.rank, code=w.code)
+                        return "fatal", detail
                     if w.code != 0 and not self.forwarded:
                         detail = f"node{self.cfg.node_rank} rank{w.rank} exited {w.code}"
                         self.store.compare_set(key, "", detail)
@@ -378,7 +383,7 @@ class Agent:
                 if self.store.check([key]):
                     detail = self.store.get(key).decode()
                     self.ev.emit("failure", gen=self.gen, source="remote", detail=detail)
-                    return "restart", detail
+                    return ("fatal" if detail.endswith("(bad arguments)") else "restart"), detail
                 beat_due = now >= self._hb_next
                 lost = self._heartbeat()
                 if lost:
@@ -459,6 +464,10 @@ class Agent:
                     "exit", code=int(AgentExit.FAILURE), reason=f"ranks exited {detail} after a signal"
                 )
                 return int(AgentExit.FAILURE)
+            if outcome == "fatal":
+                self.store.compare_set(f"restart/{self.gen}", "", detail)  # the others stop too
+                self.ev.emit("exit", code=int(AgentExit.BAD_ARGS), reason=detail)
+                return int(AgentExit.BAD_ARGS)
             if outcome == "lost":
                 self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=detail)
                 return int(AgentExit.NODE_LOST)

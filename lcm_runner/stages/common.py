@@ -20,6 +20,7 @@ from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, Launcher
 from lcm_runner.telemetry import Record
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+STATUS_POLL_S = 0.25  # job state (squeue/scontrol on Slurm) is asked this often; telemetry every 50 ms
 
 
 class StageError(RuntimeError):
@@ -244,10 +245,16 @@ class JobWatch:
                 return rec
         self.ctx.progress.waiting(f"{what} (job {self.job.id})")
         deadline = time.monotonic() + (timeout_s or self.ctx.timeout_s)
+        next_status = 0.0
         while time.monotonic() < deadline:
             for rec in self.poll():
                 if predicate(rec):
                     return rec
+            now = time.monotonic()
+            if now < next_status:
+                time.sleep(0.05)
+                continue
+            next_status = now + STATUS_POLL_S
             st = self.ctx.launcher.status(self.job)
             if st.state.finished:
                 for rec in self.poll():
@@ -264,7 +271,7 @@ class JobWatch:
         st = self.ctx.launcher.status(self.job)
         while not st.state.finished and time.monotonic() < deadline:
             self.poll()
-            time.sleep(0.1)
+            time.sleep(STATUS_POLL_S)
             st = self.ctx.launcher.status(self.job)
         self.poll()
         if not st.state.finished:

@@ -44,7 +44,7 @@ CFG = {
         "global_batch_size": 4,
         "ep": 2,
         "num_experts": 2,
-        "moe_router_topk": 1,
+        "moe_router_topk": 2,
     },
     "fault": {"kill_at_step": 7, "kill_node": 1},
 }
