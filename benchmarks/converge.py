@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Measure converge times of site.yml on the lab (docs/lab.md, "Measured times").
+
+    python benchmarks/converge.py --fresh   # lab absent -> site.yml (fresh), then site.yml again (no-op)
+    python benchmarks/converge.py           # no-op re-converge of the running lab only (non-destructive)
+
+Each converge runs `ansible-playbook site.yml` with the ansible.posix.json stdout callback; the play recap
+(ok/changed/failed per host) and per-task durations come from that JSON. The result is written to
+benchmarks/results/converge-<UTC time>.json and printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+@dataclass
+class Converge:
+    """One timed ansible-playbook run."""
+
+    name: str
+    playbook: str
+    seconds: float
+    rc: int
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    per_host: dict[str, dict[str, int]] = field(default_factory=dict)
+    changed_tasks: list[str] = field(default_factory=list)
+    slowest_tasks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _parse_time(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def summarize(name: str, playbook: str, seconds: float, rc: int, report: dict[str, Any]) -> Converge:
+    """Recap counts, changed tasks and the slowest tasks from an ansible.posix.json report."""
+    result = Converge(name=name, playbook=playbook, seconds=round(seconds, 1), rc=rc)
+    for host, stats in report.get("stats", {}).items():
+        counts = {k: int(stats.get(k, 0)) for k in ("ok", "changed", "failures", "unreachable", "skipped")}
+        result.per_host[host] = counts
+        result.ok += counts["ok"]
+        result.changed += counts["changed"]
+        result.failed += counts["failures"]
+        result.unreachable += counts["unreachable"]
+    durations: list[dict[str, Any]] = []
+    for play in report.get("plays", []):
+        for task in play.get("tasks", []):
+            info = task.get("task", {})
+            hosts = task.get("hosts", {})
+            for host, res in hosts.items():
+                if res.get("changed"):
+                    result.changed_tasks.append(f"{host}: {info.get('name', '?')}")
+            duration = info.get("duration", {})
+            if duration.get("start") and duration.get("end"):
+                spent = _parse_time(duration["end"]) - _parse_time(duration["start"])
+                durations.append({"task": info.get("name", "?"), "seconds": round(spent, 2)})
+    result.slowest_tasks = sorted(durations, key=lambda d: d["seconds"], reverse=True)[:10]
+    return result
+
+
+def run_playbook(name: str, args: list[str], log_dir: Path) -> Converge:
+    env = dict(
+        os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"
+    )
+    env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["ansible-playbook", *args], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    seconds = time.monotonic() - started
+    (log_dir / f"{name}.json").write_text(proc.stdout, encoding="utf-8")
+    if proc.stderr:
+        (log_dir / f"{name}.stderr").write_text(proc.stderr, encoding="utf-8")
+    try:
+        start = proc.stdout.index("{")
+        report = json.loads(proc.stdout[start:])
+    except ValueError:
+        report = {}
+    result = summarize(name, " ".join(args), seconds, proc.returncode, report)
+    print(
+        f"[converge] {name}: {result.seconds} s, rc={result.rc}, "
+        f"changed={result.changed}, failed={result.failed}",
+        file=sys.stderr,
+    )
+    return result
+
+
+def git_revision() -> str:
+    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
+    return proc.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--fresh", action="store_true", help="destroy the lab first and time a fresh converge (destructive)"
+    )
+    parser.add_argument("--playbook", default="site.yml", help="playbook to converge (default: site.yml)")
+    parser.add_argument(
+        "--output", type=Path, help="result file (default: benchmarks/results/converge-<UTC>.json)"
+    )
+    options = parser.parse_args(argv)
+
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    log_dir = RESULTS / f"converge-{stamp}.logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[Converge] = []
+    if options.fresh:
+        runs.append(run_playbook("absent", ["playbooks/lab.yml", "-e", "state=absent"], log_dir))
+        runs.append(run_playbook("fresh", [options.playbook], log_dir))
+    runs.append(run_playbook("noop", [options.playbook], log_dir))
+
+    result = {
+        "benchmark": "converge",
+        "time": stamp,
+        "git_revision": git_revision(),
+        "playbook": options.playbook,
+        "nodes": sorted(h for h in runs[-1].per_host if h != "localhost"),
+        "runs": [asdict(r) for r in runs],
+        "noop_changed": runs[-1].changed,
+        "ok": all(r.rc == 0 for r in runs) and runs[-1].changed == 0,
+    }
+    output = options.output or RESULTS / f"converge-{stamp}.json"
+    output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+    print(f"[converge] written {output}", file=sys.stderr)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
