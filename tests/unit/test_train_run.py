@@ -1,0 +1,295 @@
+"""Multi-process CPU runs of the trainer (2 ranks, EP=2 MoE over gloo, tiny model).
+
+One uninterrupted reference run, then: a SIGKILLed rank restarted by torchrun resumes from the last
+checkpoint and continues bitwise-identically; a crash injected during a save leaves the previous
+checkpoint as `latest` and resumable; SIGUSR1 -> checkpoint -> ExitCode.REQUEUE; keep-last-N; no
+orphaned helper processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lcm_runner.contracts import LATEST_FILE, ExitCode, iter_dir_name
+from lcm_runner.telemetry import load_run, of_event, steps
+from lcm_runner.train.checkpoint import COMPLETE_MARKER, complete_steps, read_latest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+ITERS = 8
+MODEL = [
+    "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--ffn-hidden-size", "64",
+    "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--vocab-size", "64",
+    "--num-experts", "4", "--moe-router-topk", "2", "--expert-model-parallel-size", "2",
+    "--lr", "3e-3", "--seed", "1234", "--device", "cpu",
+]  # fmt: skip
+TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(tag: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""),
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        LCM_TEST_TAG=tag,  # every process of this run inherits it: used to find orphans
+        PYTHONWARNINGS="ignore",
+    )
+    env.pop("LCM_RUN_DIR", None)
+    return env
+
+
+@dataclass
+class Run:
+    dir: Path
+    codes: list[int]
+    tag: str
+    log: str
+
+    @property
+    def ckpt(self) -> Path:
+        return self.dir / "ckpt"
+
+    def records(self) -> list:
+        return load_run(self.dir)
+
+    def losses(self, attempt: int | None = None) -> dict[int, str]:
+        """step -> loss hex on rank 0 (the DP-averaged loss is the same on every rank)."""
+        return {
+            r.step: r.get("loss_hex")
+            for r in steps(self.records(), rank=0)
+            if attempt is None or r.attempt == attempt
+        }
+
+
+def _leftovers(tag: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+        except OSError:
+            continue
+        if f"LCM_TEST_TAG={tag}".encode() in env:
+            found.append(f"{pid}: {cmd}")
+    return found
+
+
+def _wait_for_no_leftovers(tag: str, within_s: float = 10.0) -> list[str]:
+    deadline = time.time() + within_s
+    while (left := _leftovers(tag)) and time.time() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def run_direct(run_dir: Path, extra: list[str], on_start=None) -> Run:
+    """Two ranks started directly (env:// rendezvous as torchrun would set it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex
+    env = _env(tag)
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    args = [*MODEL, "--save", str(run_dir / "ckpt"), "--telemetry-dir", str(run_dir / "telemetry"), *extra]
+    logs, procs = [], []
+    for rank in range(2):
+        log = open(run_dir / f"rank{rank}.log", "ab")  # noqa: SIM115
+        logs.append(log)
+        e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "lcm_runner.train", *args], cwd=REPO, env=e, stdout=log, stderr=log
+            )
+        )
+    try:
+        if on_start is not None:
+            on_start(procs, run_dir)
+        codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    text = "\n".join((run_dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(2))
+    return Run(run_dir, codes, tag, text)
+
+
+def run_torchrun(run_dir: Path, extra: list[str], max_restarts: int) -> Run:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tag = uuid.uuid4().hex
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--max-restarts", str(max_restarts),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--monitor-interval", "0.5",
+        "-m", "lcm_runner.train", *MODEL, "--save", str(run_dir / "ckpt"),
+        "--telemetry-dir", str(run_dir / "telemetry"), *extra,
+    ]  # fmt: skip
+    with open(run_dir / "torchrun.log", "wb") as log:
+        p = subprocess.run(
+            cmd, cwd=REPO, env=_env(tag), stdout=log, stderr=log, timeout=TIMEOUT_S, check=False
+        )
+    return Run(run_dir, [p.returncode], tag, (run_dir / "torchrun.log").read_text(errors="replace")[-4000:])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Uninterrupted: saves at 3 and 6 (interval) and 8 (end), keeps the last 2."""
+    run = run_direct(
+        tmp_path_factory.mktemp("ref"),
+        ["--train-iters", str(ITERS), "--save-interval", "3", "--keep-last", "2"],
+    )
+    assert run.codes == [0, 0], run.log
+    return run
+
+
+def test_reference_trains_saves_and_keeps_last_n(reference: Run) -> None:
+    losses = [float.fromhex(h) for _, h in sorted(reference.losses().items())]
+    assert len(losses) == ITERS
+    assert losses[-1] < losses[0] - 0.05, f"loss did not fall: {losses}"
+    assert read_latest(reference.ckpt) == ITERS
+    assert complete_steps(reference.ckpt) == [6, 8]  # keep-last 2 removed iter 3
+    assert not (reference.ckpt / iter_dir_name(3)).exists()
+    recs = reference.records()
+    for rank in (0, 1):
+        s = steps(recs, rank=rank)
+        assert [r.step for r in s] == list(range(1, ITERS + 1))
+        assert all(
+            r.get("step_time_s") > 0 and r.get("tokens_per_s") > 0 and "comm_time_s" in r.data for r in s
+        )
+        ends = of_event(recs, "ckpt_end", rank=rank)
+        assert [r.step for r in ends] == [3, 6, 8]
+        assert all(r.get("bytes") > 0 and r.get("total_s") >= r.get("blocking_s") > 0 for r in ends)
+    start = of_event(recs, "start", rank=0)[0]
+    assert (start.get("world_size"), start.get("ep"), start.get("dp"), start.get("resumed_from")) == (
+        2,
+        2,
+        2,
+        None,
+    )
+    assert [r.get("code") for r in of_event(recs, "exit")] == [0, 0]
+    assert _wait_for_no_leftovers(reference.tag) == []
+
+
+def test_sigkill_restart_resumes_bitwise(reference: Run, tmp_path: Path) -> None:
+    """torchrun restarts both ranks after rank 1 is SIGKILLed at step 5; they resume from step 3."""
+    run = run_torchrun(
+        tmp_path,
+        [
+            "--train-iters",
+            str(ITERS),
+            "--save-interval",
+            "3",
+            "--fault-kill-at-step",
+            "5",
+            "--fault-kill-rank",
+            "1",
+        ],
+        max_restarts=1,
+    )
+    assert run.codes == [0], run.log
+    recs = run.records()
+    resumes = of_event(recs, "resume")
+    assert sorted((r.rank, r.attempt, r.step) for r in resumes) == [(0, 1, 3), (1, 1, 3)]
+    after = run.losses(attempt=1)
+    assert sorted(after) == list(range(4, ITERS + 1))
+    ref = reference.losses()
+    assert after == {s: ref[s] for s in after}, "resumed losses differ from the uninterrupted run"
+    assert run.losses(attempt=0) == {s: ref[s] for s in range(1, 5)}
+    assert read_latest(run.ckpt) == ITERS
+    # the killed rank's checkpoint Manager and resource_tracker must not outlive it
+    assert _wait_for_no_leftovers(run.tag) == []
+
+
+def test_crash_during_save_keeps_previous_latest(reference: Run, tmp_path: Path) -> None:
+    crashed = run_direct(
+        tmp_path,
+        [
+            "--train-iters",
+            str(ITERS),
+            "--save-interval",
+            "3",
+            "--fault-crash-in-save",
+            "6",
+            "--fault-crash-rank",
+            "1",
+        ],
+    )
+    assert crashed.codes[1] == ExitCode.FAILURE and crashed.codes[0] != 0, crashed.log
+    assert read_latest(crashed.ckpt) == 3
+    assert (crashed.ckpt / iter_dir_name(6)).is_dir()  # shards written ...
+    assert not (crashed.ckpt / iter_dir_name(6) / COMPLETE_MARKER).exists()  # ... but never completed
+    assert _wait_for_no_leftovers(crashed.tag) == []
+    resumed = run_direct(tmp_path, ["--train-iters", str(ITERS), "--save-interval", "3"])
+    assert resumed.codes == [0, 0], resumed.log
+    recs = resumed.records()
+    assert [r.step for r in of_event(recs, "resume", rank=0)] == [3]
+    ref = reference.losses()
+    after = {
+        r.step: r.get("loss_hex")
+        for r in steps(recs, rank=0)
+        if r.ts > of_event(recs, "resume", rank=0)[0].ts
+    }
+    assert after == {s: ref[s] for s in range(4, ITERS + 1)}
+    assert read_latest(resumed.ckpt) == ITERS and 6 in complete_steps(resumed.ckpt)
+
+
+def test_sigusr1_checkpoints_and_exits_requeue(reference: Run, tmp_path: Path) -> None:
+    def signal_after_step_2(procs: list[subprocess.Popen], run_dir: Path) -> None:
+        tel = run_dir / "telemetry" / "rank1.jsonl"
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline:
+            if (
+                tel.exists()
+                and '"event":"step","rank":1' in tel.read_text()
+                and '"step":2,' in tel.read_text()
+            ):
+                break
+            time.sleep(0.1)
+        procs[1].send_signal(signal.SIGUSR1)  # one rank only: all ranks must stop at the same step
+
+    run = run_direct(
+        tmp_path, ["--train-iters", "200", "--fault-sleep-ms", "200"], on_start=signal_after_step_2
+    )
+    assert run.codes == [ExitCode.REQUEUE, ExitCode.REQUEUE], run.log
+    recs = run.records()
+    last = [max(r.step for r in steps(recs, rank=k)) for k in (0, 1)]
+    assert last[0] == last[1] < 200
+    assert read_latest(run.ckpt) == last[0]
+    assert [r.get("name") for r in of_event(recs, "signal")] == ["SIGUSR1"]
+    assert [r.get("code") for r in of_event(recs, "exit")] == [int(ExitCode.REQUEUE)] * 2
+    # the requeued job continues from there with the uninterrupted run's losses
+    cont = run_direct(tmp_path, ["--train-iters", str(min(ITERS, last[0] + 2))])
+    assert cont.codes == [0, 0], cont.log
+    ref = reference.losses()
+    cont_recs = cont.records()
+    resume_ts = of_event(cont_recs, "resume", rank=0)[-1].ts
+    new = {r.step: r.get("loss_hex") for r in steps(cont_recs, rank=0) if r.ts > resume_ts}
+    if last[0] < ITERS:
+        assert new and new == {s: ref[s] for s in new}
+
+
+def test_checkpoint_layout_is_megatron_lm(reference: Run) -> None:
+    latest = (reference.ckpt / LATEST_FILE).read_text().strip()
+    d = reference.ckpt / iter_dir_name(int(latest))
+    assert (d / "metadata.json").is_file() and (d / ".metadata").is_file()
+    assert sorted(p.name for p in d.glob("__*_*.distcp"))[:1], "no shard files"
+    assert {p.name.split("_")[2] for p in d.glob("__*_*.distcp")} == {"0", "1"}  # one shard set per rank
+    assert not list(reference.ckpt.glob(".*.tmp"))
