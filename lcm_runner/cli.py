@@ -54,6 +54,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spare-nodes", type=int, default=1, help="torchrun launcher: spare nodes for the node-loss relaunch"
     )
+    p.add_argument(
+        "--standby-nodes",
+        type=int,
+        default=None,
+        help="hot spare agents in the node-loss job (torchrun launcher; default 1 when a spare exists, "
+        "0 = relaunch the job instead)",
+    )
 
 
 def add_stage_parsers(sub: Any) -> None:
@@ -117,6 +124,15 @@ def make_context(ns: argparse.Namespace) -> Any:
         )
     if ns.step_sleep_ms < 0 or ns.timeout <= 0 or ns.spare_nodes < 0:
         raise UsageError("--step-sleep-ms and --spare-nodes must be >= 0, --timeout > 0")
+    standby = ns.standby_nodes if ns.standby_nodes is not None else min(1, ns.spare_nodes)
+    if launcher_name == "slurm" and ns.standby_nodes:
+        raise UsageError(
+            "--standby-nodes: the Slurm batch script starts no standby agent; the requeue recovers"
+        )
+    if launcher_name == "slurm":
+        standby = 0
+    if not 0 <= standby <= ns.spare_nodes:
+        raise UsageError(f"--standby-nodes {standby}: must be within 0..--spare-nodes ({ns.spare_nodes})")
     run_dir = make_run_dir(ns, cfg)
     env_file = None
     if cluster is not None:
@@ -142,6 +158,7 @@ def make_context(ns: argparse.Namespace) -> Any:
         cluster=cluster,
         step_sleep_ms=ns.step_sleep_ms,
         timeout_s=ns.timeout,
+        standby_nodes=standby,
     )
 
 

@@ -82,9 +82,17 @@ class AgentConfig:
     events: Path | None = None
     log_dir: Path | None = None
     train_args: list[str] = field(default_factory=list)
+    standby: bool = False  # a hot spare: preload, wait, take over a lost node's rank
 
     def validate(self) -> None:
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if self.standby:
+            if self.nnodes < 2:
+                raise ValueError(
+                    "a standby agent needs nnodes >= 2 (node 0 hosts the store, it cannot be replaced)"
+                )
+        elif not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be in [0, nnodes={self.nnodes})")
         if self.nproc_per_node < 1:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
@@ -182,6 +190,8 @@ class Agent:
         self._reaped: dict[int, int] = {}
         self._hb_next = 0.0
         self._peer_seen: dict[int, tuple[int, float]] = {}
+        self._lost_peer: int | None = None
+        self._awaiting: set[int] = set()  # lost peers a standby was asked to replace
 
     # --- store -----------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -192,7 +202,7 @@ class Agent:
             c.master_addr,
             c.master_port,
             None,
-            c.node_rank == 0,
+            c.node_rank == 0 and not c.standby,
             timedelta(seconds=c.join_timeout_s),
             wait_for_workers=False,
         )
@@ -206,15 +216,65 @@ class Agent:
         self._hb_next = now + self.cfg.hb_interval_s
         self.store.add(f"hb/{self.cfg.node_rank}", 1)
         for peer in range(self.cfg.nnodes):
-            if peer == self.cfg.node_rank or self.store.check([f"done/{self.gen}/{peer}"]):
+            if peer == self.cfg.node_rank or peer in self._awaiting:
+                continue
+            if self.store.check([f"done/{self.gen}/{peer}"]):
                 continue
             count = self.store.add(f"hb/{peer}", 0)
             last = self._peer_seen.get(peer)
             if last is None or last[0] != count:
                 self._peer_seen[peer] = (count, now)
             elif now - last[1] > self.cfg.hb_timeout_s:
+                self._lost_peer = peer
                 return f"node{peer} heartbeat stopped {now - last[1]:.1f}s ago"
         return None
+
+    # --- hot spares --------------------------------------------------------------------------------
+    def _request_takeover(self, peer: int, gen: int) -> bool:
+        """Ask a standby agent to take `peer`'s node rank at generation `gen`; False when none is free.
+        Several survivors may ask: the first one posts the request, the others find it posted."""
+        if peer == 0:
+            return False  # node 0 hosts the store: losing it ends the job for everyone
+        free = self.store.add("standby/count", 0) - self.store.add("standby/claimed", 0)
+        key = f"takeover_by/{gen}/{peer}"
+        mine = str(self.cfg.node_rank)
+        if self.store.check([key]):
+            return True
+        if free <= 0:
+            return False
+        if self.store.compare_set(key, "", mine).decode() == mine:
+            n = self.store.add("takeover/seq", 1)
+            self.store.set(f"takeover/{n}", json.dumps({"gen": gen, "node_rank": peer}))
+            self.ev.emit("takeover_requested", gen=gen, node=peer)
+        self._awaiting.add(peer)
+        self._peer_seen.pop(peer, None)
+        return True
+
+    def standby(self) -> int:
+        """Wait, warm, for a takeover request; then become the lost node and run its ranks."""
+        me = f"{os.uname().nodename}:{os.getpid()}"
+        seen = self.store.add("takeover/seq", 0)  # before announcing: no request can fall in between
+        self.store.add("standby/count", 1)
+        self.ev.emit("standby", id=me)
+        while True:
+            if self.pending_signal is not None:
+                return 128 + self.pending_signal
+            if self.store.check(["finished"]):
+                self.ev.emit("exit", code=0, reason="standby not needed: the job finished")
+                return 0
+            latest = self.store.add("takeover/seq", 0)
+            while seen < latest:
+                seen += 1
+                req = json.loads(self.store.get(f"takeover/{seen}"))
+                if self.store.compare_set(f"claim/{seen}", "", me).decode() == me:
+                    self.store.add("standby/claimed", 1)
+                    self.cfg.node_rank = int(req["node_rank"])
+                    self.cfg.standby = False
+                    self.gen = int(req["gen"])
+                    self.ev._node = self.cfg.node_rank
+                    self.ev.emit("takeover", gen=self.gen, node=self.cfg.node_rank, id=me)
+                    return self._loop()
+            time.sleep(self.cfg.store_poll_s)
 
     def rendezvous(self) -> str | None:
         """All agents join generation ``gen``; returns a reason when that fails within join_timeout_s."""
@@ -235,9 +295,13 @@ class Agent:
                 )
             lost = self._heartbeat()
             if lost and self.gen > 0:
+                if self._lost_peer is not None and self._request_takeover(self._lost_peer, self.gen):
+                    deadline = max(deadline, time.monotonic() + self.cfg.join_timeout_s)
+                    continue
                 return lost
             time.sleep(self.cfg.poll_s)
         self._peer_seen.clear()
+        self._awaiting.clear()
         self.ev.emit("rendezvous", gen=self.gen, wait_s=round(time.monotonic() - t0, 4))
         return None
 
@@ -388,7 +452,7 @@ class Agent:
                 lost = self._heartbeat()
                 if lost:
                     self.store.compare_set(f"lost/{self.gen}", "", lost)
-                    self.store.compare_set(f"lost/{self.gen + 1}", "", lost)
+                    self.store.compare_set(f"lost_rank/{self.gen}", "", str(self._lost_peer))
                     self.ev.emit("node_lost", gen=self.gen, detail=lost)
                     return "lost", lost
                 if beat_due and self.store.check([f"lost/{self.gen}"]):
@@ -398,6 +462,8 @@ class Agent:
     def _finish(self) -> None:
         """Mark this node done; node 0 keeps the store up until every node is done (bounded)."""
         self.store.set(f"done/{self.gen}/{self.cfg.node_rank}", "1")
+        if self.cfg.node_rank == 0:
+            self.store.set("finished", "1")  # standby agents go home
         tag = os.environ.get(procs.TAG_ENV)
         if tag:  # the ranks' helpers get a moment to exit on their own; whatever stays is killed+recorded
             left = procs.wait_gone(tag, os.environ.get(procs.NODE_ENV), 2.0)
@@ -431,8 +497,11 @@ class Agent:
             self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store: {e}")
             return int(AgentExit.NODE_LOST)
         try:
-            return self._loop()
+            return self.standby() if c.standby else self._loop()
         except Exception as e:  # the store host is gone (node 0 lost) or the store broke
+            if self.cfg.standby:  # never took over: the job is over, nothing of ours ran
+                self.ev.emit("exit", code=0, reason=f"standby: store gone ({e})")
+                return 0
             self.ev.emit("store_error", gen=self.gen, error=repr(e))
             self.teardown("store error")
             self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store: {e}")
@@ -469,6 +538,10 @@ class Agent:
                 self.ev.emit("exit", code=int(AgentExit.BAD_ARGS), reason=detail)
                 return int(AgentExit.BAD_ARGS)
             if outcome == "lost":
+                peer = int(self.store.get(f"lost_rank/{self.gen}").decode())
+                if self.gen < c.max_restarts and self._request_takeover(peer, self.gen + 1):
+                    self.gen += 1  # a standby becomes node `peer` in the next generation
+                    continue
                 self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=detail)
                 return int(AgentExit.NODE_LOST)
             if self.gen >= c.max_restarts:
@@ -483,7 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Per-node training agent with in-place (fork) restarts. Trainer args follow '--'.",
     )
     ap.add_argument("--nnodes", type=int, required=True)
-    ap.add_argument("--node-rank", type=int, required=True)
+    ap.add_argument("--node-rank", type=int, default=-1, help="this node's rank (not with --standby)")
+    ap.add_argument(
+        "--standby", action="store_true", help="hot spare: preload, wait, take over a lost node's rank"
+    )
     ap.add_argument("--nproc-per-node", type=int, required=True)
     ap.add_argument("--master-addr", required=True)
     ap.add_argument("--master-port", type=int, required=True)
@@ -515,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         events=ns.events,
         log_dir=ns.log_dir,
         train_args=args,
+        standby=ns.standby,
     )
     try:
         agent = Agent(cfg)

@@ -53,6 +53,7 @@ class JobSpec:
     python: str = sys.executable
     time_limit: str = "00:30:00"
     partition: str | None = None
+    standby_nodes: int = 0  # hot spare agents (lcm agent): take over a lost node without a relaunch
 
     def validate(self) -> None:
         if self.agent not in AGENTS:
@@ -78,6 +79,11 @@ class Job:
     submitted: float  # unix time of the submission
     tag: str  # LCM_RUN_TAG of every process of this job
     nodes: list[str] = field(default_factory=list)  # filled once placed
+    touched: list[str] = field(default_factory=list)  # every node it ever ran on (standby, lost, replaced)
+
+    def all_nodes(self) -> list[str]:
+        """The nodes to check for leftovers: current, lost, replaced and standby ones."""
+        return list(dict.fromkeys([*self.nodes, *self.touched]))
 
     @property
     def log_dir(self) -> Path:

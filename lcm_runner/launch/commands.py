@@ -18,6 +18,7 @@ def agent_argv(
     events: str,
     log_dir: str,
     rdzv_id: str,
+    standby: bool = False,
 ) -> list[str]:
     """argv of one node's agent: our `lcm_runner.launch.agent`, or stock torchrun for comparison."""
     if spec.agent == "lcm":
@@ -27,8 +28,7 @@ def agent_argv(
             "lcm_runner.launch.agent",
             "--nnodes",
             str(spec.nodes),
-            "--node-rank",
-            node_rank,
+            *(["--standby"] if standby else ["--node-rank", node_rank]),
             "--nproc-per-node",
             str(spec.procs_per_node),
             "--master-addr",

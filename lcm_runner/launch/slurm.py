@@ -137,6 +137,7 @@ class SlurmLauncher:
         st = state_of(f)
         if st.state == JobState.RUNNING:
             job.nodes = self._hostnames(f.get("NodeList", "")) or job.nodes
+            job.touched = list(dict.fromkeys([*job.touched, *job.nodes]))
         return st
 
     def wait(self, job: Job, timeout_s: float) -> JobStatus:
@@ -171,8 +172,11 @@ class SlurmLauncher:
         return [f"{p['pid']} {p['comm']}: {p['cmdline'][:120]}" for p in ans["procs"]]
 
     def cleanup(self, job: Job) -> None:
-        for node in list(job.nodes):
+        self._resume_drained()
+        for node in job.all_nodes():
             self._on_node(job, node, "kill-all")
+
+    def _resume_drained(self) -> None:
         for node in self._drained:
             self._sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
         self._drained.clear()
@@ -213,6 +217,7 @@ class SlurmLauncher:
         deadline = time.monotonic() + 300.0
         while time.monotonic() < deadline:
             if self.status(job).state == JobState.RUNNING and job.nodes:
+                self._resume_drained()  # replaced: the node is back in service (and checkable)
                 return job
             time.sleep(0.2)
         raise LaunchError(f"job {job.id} was requeued but did not start again within 300s")

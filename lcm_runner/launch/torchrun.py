@@ -30,6 +30,8 @@ _PORT_STRIDE = 16  # each submission gets its own ports: master_port + k*stride 
 class _Local:
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     cancelled: bool = False
+    standby: list[str] = field(default_factory=list)  # nodes running a hot spare agent
+    lost: set[str] = field(default_factory=set)  # nodes lost on purpose (kill_node): their code is moot
 
 
 class LocalLauncher:
@@ -71,7 +73,15 @@ class LocalLauncher:
         port = spec.master_port + _PORT_STRIDE * (n % 64)
         run_spec = JobSpec(**{**spec.__dict__, "master_port": port})
         local = _Local()
-        for rank, node in enumerate(placed):
+        standby: list[str] = []
+        if spec.standby_nodes and spec.agent == "lcm":
+            free = [x for x in self.pool(spec) if x not in placed]
+            if len(free) < spec.standby_nodes:
+                raise LaunchError(f"{job_id}: {spec.standby_nodes} standby node(s) asked, {len(free)} spare")
+            standby = free[: spec.standby_nodes]
+        local.standby = standby
+        job.touched = placed + standby
+        for rank, node in enumerate(placed + standby):
             argv = agent_argv(
                 run_spec,
                 node_rank=str(rank),
@@ -79,6 +89,7 @@ class LocalLauncher:
                 events=str(job.events_dir / f"{node}.jsonl"),
                 log_dir=str(job.log_dir),
                 rdzv_id=job_id,
+                standby=node in standby,
             )
             env = {**os.environ, **spec.env, **base_env(job_id, job.tag, node, spec.run_dir)}
             gpus = self._gpus(spec, node)
@@ -97,7 +108,7 @@ class LocalLauncher:
             )
             log.close()
         self._jobs[job_id] = local
-        self._placed[job_id] = (job.tag, list(placed))
+        self._placed[job_id] = (job.tag, placed + standby)
         return job
 
     def _local(self, job: Job) -> _Local:
@@ -115,7 +126,7 @@ class LocalLauncher:
             return JobStatus(JobState.RUNNING, done)
         if local.cancelled:
             return JobStatus(JobState.CANCELLED, done, "cancelled")
-        if all(c == 0 for c in done.values()):
+        if all(c == 0 for n, c in done.items() if n not in local.lost):
             return JobStatus(JobState.COMPLETED, done)
         return JobStatus(JobState.FAILED, done, ", ".join(f"{n}={c}" for n, c in done.items() if c))
 
@@ -160,6 +171,7 @@ class LocalLauncher:
         if not victims:
             raise LaunchError(f"{job.id}: nothing of the job runs on {node}")
         ts = time.time()
+        self._local(job).lost.add(node)
         agent = self._local(job).agents[node]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(agent.pid, signal.SIGKILL)  # the agent's session at once
@@ -171,7 +183,7 @@ class LocalLauncher:
         return [f"{p.pid} {p.comm}: {p.cmdline[:120]}" for p in procs.scan(job.tag, node)]
 
     def cleanup(self, job: Job) -> None:
-        for node in job.nodes:
+        for node in job.all_nodes():
             procs.kill(procs.scan(job.tag, node))
             procs.wait_gone(job.tag, node, 5.0)
 
@@ -180,6 +192,20 @@ class LocalLauncher:
         once the old one has ended (its survivors give up within their bounded timeouts; past that
         bound the old job is killed, as a scheduler's time limit would)."""
         bound = job.spec.join_timeout_s + job.spec.hb_timeout_s + 30.0
+        local = self._local(job)
+        if local.standby:
+            # a hot spare takes the lost node's rank inside the same job: wait for its takeover
+            deadline = time.monotonic() + bound
+            while time.monotonic() < deadline:
+                took = self._takeovers(job)
+                if took:
+                    for spare in took:
+                        local.standby.remove(spare)
+                    job.nodes = [n for n in job.nodes if n not in exclude] + took
+                    return job
+                if self.status(job).state.finished:
+                    break  # no takeover happened: fall back to a relaunch
+                time.sleep(0.05)
         if not self.wait(job, bound).state.finished:
             self.cancel(job, hard=True)
         keep = [n for n in job.nodes if n not in exclude]
@@ -188,6 +214,15 @@ class LocalLauncher:
         fill = spares + [n for n in exclude if n in job.nodes]
         nodes = keep + fill[: job.spec.nodes - len(keep)]
         return self.submit(job.spec, nodes=nodes)
+
+    def _takeovers(self, job: Job) -> list[str]:
+        """Standby nodes of the job whose agent took over a lost node (its `takeover` event)."""
+        took = []
+        for node in self._local(job).standby:
+            path = job.events_dir / f"{node}.jsonl"
+            if path.is_file() and '"event": "takeover"' in path.read_text(encoding="utf-8", errors="replace"):
+                took.append(node)
+        return took
 
     def close(self) -> None:
         """Kill every job this launcher started that still runs (the CLI exits or is interrupted)."""

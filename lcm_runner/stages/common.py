@@ -145,6 +145,7 @@ class StageContext:
     env_file: Path | None = None
     cluster: dict[str, Any] | None = None
     step_sleep_ms: int = 0  # stretches steps so operator actions land mid-run (tiny CPU models)
+    standby_nodes: int = 0  # hot spare agents for the node-loss case (local launcher)
     timeout_s: float = 600.0
 
     def spec(
@@ -157,6 +158,7 @@ class StageContext:
         max_restarts: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        standby_nodes: int = 0,
     ) -> JobSpec:
         c = self.cfg
         save = self.fresh_checkpoint_dir(ckpt)
@@ -182,6 +184,7 @@ class StageContext:
             python=c.python if self.launcher.name == "slurm" else sys.executable,
             time_limit=c.time_limit,
             partition=c.partition,
+            standby_nodes=standby_nodes,
         )
 
     def fresh_checkpoint_dir(self, name: str) -> Path:

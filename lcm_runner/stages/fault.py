@@ -84,7 +84,7 @@ def _leftovers(ctx: StageContext, jobs: list[Job]) -> int:
     """Processes of these jobs alive on any of their nodes (recorded, then cleaned up)."""
     count = 0
     for job in jobs:
-        for node in sorted(set(job.nodes)):
+        for node in job.all_nodes():
             left = ctx.launcher.processes_left(job, node)
             for p in left:
                 ctx.progress.info(f"LEFTOVER on {node} of job {job.id}: {p}")
@@ -162,7 +162,13 @@ def case_trainer_kill(
 
 def case_node_loss(ctx: StageContext, res: StageResult, ref: dict[int, float]) -> Case:
     case = Case("node_loss")
-    spec = ctx.spec("fault-node", "fault-node_loss", agent="lcm", max_restarts=max(1, ctx.cfg.max_restarts))
+    spec = ctx.spec(
+        "fault-node",
+        "fault-node_loss",
+        agent="lcm",
+        max_restarts=max(1, ctx.cfg.max_restarts),
+        standby_nodes=ctx.standby_nodes,
+    )
     job = ctx.launcher.submit(spec)
     case.job_ids.append(job.id)
     case.nodes_before = list(job.nodes)

@@ -129,3 +129,31 @@ def test_node_loss_survivor_gives_up_fast_and_relaunch_resumes_on_spare(tmp_path
     for j in (job, job2):
         for node in j.nodes:
             assert launcher.processes_left(j, node) == []
+
+
+def test_node_loss_hot_standby_takes_over_in_the_same_job(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    launcher = ctx.launcher
+    job = launcher.submit(ctx.spec("standby", "standby", standby_nodes=1))
+    try:
+        watch = JobWatch(ctx, job)
+        watch.until(lambda r: r.event == "ckpt_end" and r.step == 5 and r.rank == 0, "checkpoint 5", 240)
+        watch.until(lambda r: r.event == "step" and (r.step or 0) >= 7, "step 7", 60)
+        kill_ts = launcher.kill_node(job, "local1")
+        same = launcher.relaunch(job, exclude=["local1"])
+        first = watch.until(lambda r: r.event == "step" and r.attempt >= 1, "a step after the takeover", 60)
+        st = watch.finish(240)
+    finally:
+        launcher.close()
+    downtime = first.ts - kill_ts
+    print(f"node loss -> first new step with a hot standby: {downtime:.2f}s")
+    assert same is job and job.nodes == ["local0", "local2"]  # the spare joined the running job
+    assert first.step == 6
+    assert downtime < 2.0 + 5.0  # heartbeat bound + a warm fork, no fresh imports
+    assert st.state == JobState.COMPLETED, st
+    ev = _events(job.events_dir)
+    took = [e for e in ev if e["event"] == "takeover"]
+    assert len(took) == 1 and took[0]["node"] == 1
+    assert [e["code"] for e in ev if e["event"] == "exit"] == [0, 0]  # local0 and the standby-turned-node1
+    for node in ("local0", "local1", "local2"):
+        assert launcher.processes_left(job, node) == []
