@@ -100,6 +100,23 @@ def run_playbook(name: str, args: list[str], log_dir: Path) -> Converge:
     return result
 
 
+def lab_leftovers() -> list[str]:
+    """What a lab.yml state=absent should have removed but did not (containers, network, .lab/)."""
+    left: list[str] = []
+    ps = subprocess.run(
+        ["podman", "ps", "--all", "--filter", "label=lcm.lab=node", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    left += [f"container {name}" for name in ps.stdout.split()]
+    if subprocess.run(["podman", "network", "exists", "lcm-lab"], check=False).returncode == 0:
+        left.append("network lcm-lab")
+    if (REPO / ".lab").exists():
+        left.append(".lab/")
+    return left
+
+
 def git_revision() -> str:
     proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False)
     return proc.stdout.strip()
@@ -122,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = RESULTS / f"converge-{stamp}.logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs: list[Converge] = []
+    leftovers: list[str] | None = None
     if options.fresh:
         runs.append(run_playbook("absent", ["playbooks/lab.yml", "-e", "state=absent"], log_dir))
+        leftovers = lab_leftovers()
         runs.append(run_playbook("fresh", [options.playbook], log_dir))
     runs.append(run_playbook("noop", [options.playbook], log_dir))
 
@@ -135,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": sorted(h for h in runs[-1].per_host if h != "localhost"),
         "runs": [asdict(r) for r in runs],
         "noop_changed": runs[-1].changed,
-        "ok": all(r.rc == 0 for r in runs) and runs[-1].changed == 0,
+        "absent_leftovers": leftovers,
+        "ok": all(r.rc == 0 for r in runs) and runs[-1].changed == 0 and not leftovers,
     }
     output = options.output or RESULTS / f"converge-{stamp}.json"
     output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
