@@ -262,6 +262,8 @@ class CheckpointManager:
         built.gpt.load_state_dict(state["model"])
         if load_optim:
             built.optimizer.load_state_dict(state["optimizer"])
+        elif built.optimizer_impl == "megatron":
+            built.optimizer.reload_model_params()  # fp32 main params from the loaded bf16 model
         if load_rng:
             self._set_rng_state(state["rng_state"])
         if self.device == "cuda":

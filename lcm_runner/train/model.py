@@ -52,6 +52,10 @@ def resolve_impl(args: TrainArgs, device: str) -> str:
 
 
 def resolve_optimizer_impl(args: TrainArgs, device: str) -> str:
+    if args.optimizer_impl == "megatron" and device != "cuda":
+        raise ArgError(
+            "--optimizer-impl megatron needs CUDA (megatron's optimizers allocate on 'cuda'); use torch"
+        )
     if args.optimizer_impl != "auto":
         if args.optimizer_impl == "torch" and args.bf16:
             raise ArgError("--optimizer-impl torch keeps no fp32 master weights: use megatron with --bf16")

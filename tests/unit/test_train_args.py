@@ -88,6 +88,8 @@ def test_transformer_engine_requested_but_missing() -> None:
 def test_optimizer_choice() -> None:
     assert resolve_optimizer_impl(parse_args(BASE), "cpu") == "torch"
     assert resolve_optimizer_impl(parse_args(BASE), "cuda") == "megatron"
+    with pytest.raises(ArgError, match="megatron needs CUDA"):
+        resolve_optimizer_impl(parse_args([*BASE, "--optimizer-impl", "megatron"]), "cpu")
     with pytest.raises(ArgError, match="no fp32 master weights"):
         resolve_optimizer_impl(parse_args([*BASE, "--bf16", "--optimizer-impl", "torch"]), "cuda")
 
