@@ -148,3 +148,43 @@ def test_real_managed_files() -> None:
         sh(NODE, f"echo {backup} | base64 -d > {target}")
     out = play("playbooks/drift.yml", "--limit", NODE)
     assert out.returncode == 0, out.stdout
+
+
+APT_MIRROR_PLAY = """
+- name: apt mirror mode
+  hosts: lab-node2
+  gather_facts: false
+  tasks:
+    - name: Install through _packages in mirror mode
+      ansible.builtin.include_role:
+        name: _packages
+      vars:
+        _packages_names: [numactl]
+        lcm_apt_mirror: http://deb.debian.org/debian
+        lcm_apt_security_mirror: http://deb.debian.org/debian-security
+"""
+
+
+def test_apt_mirror_mode_uses_only_the_mirror(tmp_path: Path) -> None:
+    """roles/_packages with lcm_apt_mirror: only lcm-mirror.sources stays active (restored afterwards)."""
+    node = "lab-node2"
+    before = sh(node, "ls /etc/apt/sources.list.d/")
+    pb = tmp_path / "apt_mirror.yml"
+    pb.write_text(APT_MIRROR_PLAY)
+    try:
+        out = play(str(pb))
+        assert out.returncode == 0, out.stdout
+        again = play(str(pb))
+        assert re.search(rf"{node}\s+: ok=\d+\s+changed=0 ", again.stdout), again.stdout
+        active = sh(node, "ls /etc/apt/sources.list.d/ /etc/apt/sources.list 2>/dev/null || true").split()
+        assert [f for f in active if f.endswith((".list", ".sources"))] == ["lcm-mirror.sources"], active
+        uris = set(sh(node, "apt-get indextargets --format '$(URI)' | sed 's|/dists/.*||'").split())
+        assert uris == {"http://deb.debian.org/debian", "http://deb.debian.org/debian-security"}, uris
+    finally:
+        sh(
+            node,
+            "cd /etc/apt/sources.list.d; for f in *.lcm-disabled; do "
+            '[ -e "$f" ] && mv "$f" "${f%.lcm-disabled}"; done; '
+            "rm -f lcm-mirror.sources /var/lib/lcm/managed.d/_packages.json; apt-get update -qq",
+        )
+    assert sh(node, "ls /etc/apt/sources.list.d/") == before
