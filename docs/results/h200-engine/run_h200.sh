@@ -19,7 +19,7 @@ fi
 DEVICE=${LCM_DEVICE:-cuda}
 MODEL=${LCM_MODEL:-"--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 \
   --seq-length 4096 --micro-batch-size 2 --num-experts 8 --moe-router-topk 2 --vocab-size 32768 --bf16 \
-  --lr 1e-4"}
+  --lr 1e-4 --distributed-timeout-minutes 5"}
 N=${LCM_N:-30}   # steps of the uninterrupted reference
 K=${LCM_K:-15}   # async save here while training goes on; the first part stops at K+5
 WORK=${LCM_WORK:-/tmp/lcm-h200}
