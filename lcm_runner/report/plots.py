@@ -58,7 +58,25 @@ def step_time(records: list[telemetry.Record], out: Path, title: str) -> str | N
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8, ncol=2)
-    ax.set_ylim(bottom=0)
+    all_ms = [float(r.get("step_time_s") or 0) * 1000 for r in steps]
+    steady = sorted(float(r.get("step_time_s") or 0) * 1000 for r in steps if (r.step or 0) > 1)
+    top = steady[int(0.99 * (len(steady) - 1))] * 2.0 if steady else 0.0
+    if top and max(all_ms) > top:  # the warm-up step would flatten everything else: clip and label it
+        ax.set_ylim(0, top)
+        for r in steps:
+            ms = float(r.get("step_time_s") or 0) * 1000
+            if ms > top and r.rank == min(by_rank):
+                ax.annotate(
+                    f"step {r.step}: {ms:.0f} ms (off scale)",
+                    xy=(r.step, top),
+                    xytext=(0, -14),
+                    textcoords="offset points",
+                    ha="left",
+                    fontsize=8,
+                    arrowprops={"arrowstyle": "->"},
+                )
+    else:
+        ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
