@@ -56,21 +56,27 @@ def check_lock(lock: Any) -> list[SpecError]:
     return errors
 
 
-def check_mirror(mirror: Any, apt_mirror: Any, pip_index: Any) -> list[SpecError]:
+def check_mirror(mirror: Any, apt_mirror: Any, pip_index: Any, apt_security: Any = None) -> list[SpecError]:
     errors: list[SpecError] = []
-    if mirror is not None and not (
+    if mirror not in (None, "") and not (
         isinstance(mirror, str) and (mirror.startswith("/") or re.match(r"^https?://[^/\s]+", mirror))
     ):
         errors.append(SpecError("lcm_mirror", mirror, "null, an absolute directory or an http(s):// URL"))
-    for name, val in (("lcm_apt_mirror", apt_mirror), ("lcm_pip_index_url", pip_index)):
-        if val is not None and not (isinstance(val, str) and re.match(r"^(https?|file)://\S+$", val)):
+    for name, val in (
+        ("lcm_apt_mirror", apt_mirror),
+        ("lcm_apt_security_mirror", apt_security),
+        ("lcm_pip_index_url", pip_index),
+    ):
+        if val not in (None, "") and not (isinstance(val, str) and re.match(r"^(https?|file)://\S+$", val)):
             errors.append(SpecError(name, val, "null or an http(s):// or file:// URL"))
     return errors
 
 
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
-    _VALID_ARGS = frozenset(("spec", "groups", "lock", "mirror", "apt_mirror", "pip_index_url"))
+    _VALID_ARGS = frozenset(
+        ("spec", "groups", "lock", "mirror", "apt_mirror", "apt_security_mirror", "pip_index_url")
+    )
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
@@ -87,7 +93,12 @@ class ActionModule(ActionBase):
         errors = validate(spec, {k: list(v) for k, v in groups.items()})
         if "lock" in args:
             errors += check_lock(args["lock"])
-        errors += check_mirror(args.get("mirror"), args.get("apt_mirror"), args.get("pip_index_url"))
+        errors += check_mirror(
+            args.get("mirror"),
+            args.get("apt_mirror"),
+            args.get("pip_index_url"),
+            args.get("apt_security_mirror"),
+        )
         result["changed"] = False
         result["errors"] = [str(e) for e in errors]
         if errors:

@@ -28,6 +28,9 @@ options:
   apt_mirror:
     description: C(lcm_apt_mirror).
     type: str
+  apt_security_mirror:
+    description: C(lcm_apt_security_mirror).
+    type: str
   pip_index_url:
     description: C(lcm_pip_index_url).
     type: str
