@@ -107,7 +107,12 @@ class ActionModule(ActionBase):
             for key in ("name", "entry", "cache_dir"):
                 if not a.get(key):
                     raise FetchError(f"lcm_artifact_fetch: argument {key} is required")
-            if self._play_context.check_mode and not (Path(a["cache_dir"]) / a["name"]).exists():
+            cached = (
+                Path(os.path.expanduser(str(a["cache_dir"])))
+                / str(a["name"])
+                / str(a["entry"].get("filename"))
+            )
+            if self._play_context.check_mode and not cached.exists():
                 result.update(changed=True, msg=f"would fetch {a['name']} (check mode)", skipped_fetch=True)
                 return result
             out = fetch(

@@ -268,3 +268,19 @@ def test_mirror_missing_file_fails_without_trying_upstream(tmp_path: Path) -> No
     assert [
         e for e in _audit(tmp_path) if e["event"] == "socket.connect" and isinstance(e["target"], list)
     ] == []
+
+
+def test_check_mode_downloads_nothing(tmp_path: Path, origin: Server) -> None:
+    """The plan (--check) reports what would be fetched and copied, and changes nothing anywhere."""
+    inv = _setup(tmp_path, f"http://127.0.0.1:{origin.port}")
+    out = subprocess.run(
+        [*_cmd(tmp_path, inv, None), "--check", "-v"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout
+    assert "would fetch enroot (check mode)" in out.stdout and "would fetch pyxis (check mode)" in out.stdout
+    assert origin.requests == []
+    assert _node_files(tmp_path) == [] and not (tmp_path / "cache").exists()
