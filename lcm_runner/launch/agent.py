@@ -189,6 +189,7 @@ class Agent:
         self.forwarded = False
         self._reaped: dict[int, int] = {}
         self._hb_next = 0.0
+        self._hb_last = 0.0
         self._peer_seen: dict[int, tuple[int, float]] = {}
         self._lost_peer: int | None = None
         self._awaiting: set[int] = set()  # lost peers a standby was asked to replace
@@ -214,6 +215,10 @@ class Agent:
         if now < self._hb_next:
             return None
         self._hb_next = now + self.cfg.hb_interval_s
+        # An agent that was itself descheduled (a busy node) cannot judge its peers' silence: it restarts
+        # their clocks instead of declaring a loss it could not have observed.
+        starved = self._hb_last > 0 and now - self._hb_last > self.cfg.hb_timeout_s / 2
+        self._hb_last = now
         self.store.add(f"hb/{self.cfg.node_rank}", 1)
         for peer in range(self.cfg.nnodes):
             if peer == self.cfg.node_rank or peer in self._awaiting:
@@ -222,7 +227,7 @@ class Agent:
                 continue
             count = self.store.add(f"hb/{peer}", 0)
             last = self._peer_seen.get(peer)
-            if last is None or last[0] != count:
+            if last is None or last[0] != count or starved:
                 self._peer_seen[peer] = (count, now)
             elif now - last[1] > self.cfg.hb_timeout_s:
                 self._lost_peer = peer

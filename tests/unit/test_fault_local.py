@@ -32,7 +32,7 @@ CFG = {
     "keep_last": 2,
     "max_restarts": 2,
     "rdzv_join_timeout_s": 20,
-    "hb_timeout_s": 2.0,
+    "hb_timeout_s": 5.0,
     "master_port": 29650,
     "model": {
         "num_layers": 1,
@@ -120,7 +120,7 @@ def test_node_loss_survivor_gives_up_fast_and_relaunch_resumes_on_spare(tmp_path
         launcher.close()
     assert st.state == JobState.FAILED
     assert st.exit_codes["local0"] == AgentExit.NODE_LOST
-    assert gave_up < 2.0 + 5.0  # hb_timeout_s + slack, not the 600 s rendezvous default
+    assert gave_up < 5.0 + 5.0  # hb_timeout_s + slack, not the 600 s rendezvous default
     exits = [e for e in _events(job.events_dir) if e["event"] == "exit"]
     assert exits and exits[0]["code"] == AgentExit.NODE_LOST
     assert job2.nodes == ["local0", "local2"]  # onto the spare
@@ -149,7 +149,7 @@ def test_node_loss_hot_standby_takes_over_in_the_same_job(tmp_path: Path) -> Non
     print(f"node loss -> first new step with a hot standby: {downtime:.2f}s")
     assert same is job and job.nodes == ["local0", "local2"]  # the spare joined the running job
     assert first.step == 6
-    assert downtime < 2.0 + 5.0  # heartbeat bound + a warm fork, no fresh imports
+    assert downtime < 5.0 + 5.0  # heartbeat bound + a warm fork, no fresh imports
     assert st.state == JobState.COMPLETED, st
     ev = _events(job.events_dir)
     took = [e for e in ev if e["event"] == "takeover"]

@@ -1,0 +1,74 @@
+"""`lcm-runner all` end to end with the local launcher and the real trainer: a short version of the lab
+run (two CPU "nodes" of one rank, a tiny MoE model). Slow (a dozen fresh trainer starts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lcm_runner.cli import main
+
+pytestmark = pytest.mark.slow
+
+CFG = {
+    "name": "ci-all",
+    "launcher": "torchrun",
+    "agent": "lcm",
+    "nodes": 2,
+    "procs_per_node": 1,
+    "train_iters": 12,
+    "save_interval": 4,
+    "keep_last": 2,
+    "max_restarts": 1,
+    "rdzv_join_timeout_s": 20,
+    "hb_timeout_s": 5.0,
+    "master_port": 29750,
+    "model": {
+        "num_layers": 1,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "ffn_hidden_size": 64,
+        "seq_length": 32,
+        "micro_batch_size": 2,
+        "global_batch_size": 4,
+        "ep": 2,
+        "num_experts": 2,
+        "moe_router_topk": 2,
+    },
+    "fault": {"kill_at_step": 6, "kill_node": 1},
+}
+
+
+def test_all_stages_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "run.yml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    run_dir = tmp_path / "run"
+    rc = main(["all", "-c", str(cfg), "--run-dir", str(run_dir), "--step-sleep-ms", "60", "--timeout", "300"])
+    out = capsys.readouterr().out
+    print(out[-6000:])
+    stages = {p.stem: json.loads(p.read_text()) for p in (run_dir / "stages").glob("*.json")}
+    assert set(stages) == {"baseline", "resume", "fault", "nccl_profile"}
+    for name in ("baseline", "resume", "fault"):
+        assert stages[name]["verdict"] == "PASS", (name, stages[name]["summary"])
+    assert stages["nccl_profile"]["verdict"] == "SKIP"
+    assert rc == 0
+    f = stages["fault"]["metrics"]
+    assert f["trainer_kill"]["resumed_from_step"] == 4 and f["trainer_kill"]["first_new_step"] == 5
+    assert f["trainer_kill"]["downtime_s"] < f["floor"]["downtime_s"]
+    assert f["trainer_kill"]["downtime_s"] < f["torchrun_restart_ref"]["downtime_s"]
+    assert f["node_loss"]["nodes_after"] == ["local0", "local2"]
+    assert all(c["leftover_processes"] == 0 for c in f.values())
+    for line in (
+        "[baseline] VERDICT PASS",
+        "[resume] VERDICT PASS",
+        "[fault] VERDICT PASS",
+        "[all] summary:",
+    ):
+        assert line in out
+    assert out.count(f"run dir: {run_dir.resolve()}") >= 8  # start and end of every stage
+    for name in ("infra_slo.md", "slo.json", "multi_node_run.log"):
+        assert (run_dir / name).is_file(), name
+    assert list((run_dir / "plots").glob("*.png"))
