@@ -251,7 +251,7 @@ def test_crash_during_save_keeps_previous_latest(reference: Run, tmp_path: Path)
     assert read_latest(resumed.ckpt) == ITERS and 6 in complete_steps(resumed.ckpt)
 
 
-def test_sigusr1_checkpoints_and_exits_requeue(reference: Run, tmp_path: Path) -> None:
+def test_sigusr1_checkpoints_and_exits_requeue(tmp_path: Path) -> None:
     def signal_after_step_2(procs: list[subprocess.Popen], run_dir: Path) -> None:
         tel = run_dir / "telemetry" / "rank1.jsonl"
         deadline = time.time() + TIMEOUT_S
@@ -275,15 +275,34 @@ def test_sigusr1_checkpoints_and_exits_requeue(reference: Run, tmp_path: Path) -
     assert read_latest(run.ckpt) == last[0]
     assert [r.get("name") for r in of_event(recs, "signal")] == ["SIGUSR1"]
     assert [r.get("code") for r in of_event(recs, "exit")] == [int(ExitCode.REQUEUE)] * 2
-    # the requeued job continues from there with the uninterrupted run's losses
-    cont = run_direct(tmp_path, ["--train-iters", str(min(ITERS, last[0] + 2))])
-    assert cont.codes == [0, 0], cont.log
-    ref = reference.losses()
-    cont_recs = cont.records()
-    resume_ts = of_event(cont_recs, "resume", rank=0)[-1].ts
-    new = {r.step: r.get("loss_hex") for r in steps(cont_recs, rank=0) if r.ts > resume_ts}
-    if last[0] < ITERS:
-        assert new and new == {s: ref[s] for s in new}
+    assert _wait_for_no_leftovers(run.tag) == []
+
+
+def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path: Path) -> None:
+    """TP=2 (MoE forces sequence parallelism, TorchLayerNorm) trains bitwise like one process."""
+    argv = [*MODEL, "--train-iters", "3", "--expert-model-parallel-size", "1"]
+    tp2 = run_direct(
+        tmp_path / "tp2",
+        ["--train-iters", "3", "--expert-model-parallel-size", "1", "--tensor-model-parallel-size", "2"],
+    )
+    assert tp2.codes == [0, 0], tp2.log
+    one = tmp_path / "one"
+    env = _env(uuid.uuid4().hex)
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(k, None)
+    p = subprocess.run(
+        [sys.executable, "-m", "lcm_runner.train", *argv, "--telemetry-dir", str(one / "telemetry")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    single = {r.step: r.get("loss_hex") for r in steps(load_run(one), rank=0)}
+    assert tp2.losses() == single and len(single) == 3
+    assert of_event(tp2.records(), "start", rank=0)[0].get("tp") == 2
 
 
 def test_checkpoint_layout_is_megatron_lm(reference: Run) -> None:
