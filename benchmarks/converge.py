@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -73,11 +74,23 @@ def summarize(name: str, playbook: str, seconds: float, rc: int, report: dict[st
     return result
 
 
+def parse_report(stdout: str) -> dict[str, Any]:
+    """The ansible.posix.json document in a playbook's stdout (other callbacks may print around it)."""
+    match = re.search(r"^\{", stdout, re.M)
+    if not match:
+        return {}
+    try:
+        report, _ = json.JSONDecoder().raw_decode(stdout, match.start())
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
 def run_playbook(name: str, args: list[str], log_dir: Path) -> Converge:
     env = dict(
         os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"
     )
-    env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
+    env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.timer"
     started = time.monotonic()
     proc = subprocess.run(
         ["ansible-playbook", *args], cwd=REPO, env=env, capture_output=True, text=True, check=False
@@ -86,12 +99,7 @@ def run_playbook(name: str, args: list[str], log_dir: Path) -> Converge:
     (log_dir / f"{name}.json").write_text(proc.stdout, encoding="utf-8")
     if proc.stderr:
         (log_dir / f"{name}.stderr").write_text(proc.stderr, encoding="utf-8")
-    try:
-        start = proc.stdout.index("{")
-        report = json.loads(proc.stdout[start:])
-    except ValueError:
-        report = {}
-    result = summarize(name, " ".join(args), seconds, proc.returncode, report)
+    result = summarize(name, " ".join(args), seconds, proc.returncode, parse_report(proc.stdout))
     print(
         f"[converge] {name}: {result.seconds} s, rc={result.rc}, "
         f"changed={result.changed}, failed={result.failed}",
