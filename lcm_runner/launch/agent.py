@@ -28,26 +28,20 @@ TORCHELASTIC_RESTART_COUNT = generation). Events go to ``--events`` (JSON lines)
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
-import ctypes
-import importlib
 import json
 import os
-import pkgutil
-import runpy
 import signal
 import sys
 import time
-import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lcm_runner.contracts import ExitCode
-from lcm_runner.launch import procs
+from lcm_runner.launch import procs, zygote
 
 
 class AgentExit(IntEnum):
@@ -58,9 +52,6 @@ class AgentExit(IntEnum):
     NODE_LOST = 76  # a peer node (its agent) vanished or never joined: relaunch from the checkpoint
 
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
-_PR_SET_CHILD_SUBREAPER = 36
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -106,10 +97,6 @@ class AgentConfig:
             raise ValueError("hb_timeout_s must exceed twice hb_interval_s")
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 class _Events:
     def __init__(self, path: Path | None, node_rank: int) -> None:
         self._node = node_rank
@@ -124,49 +111,6 @@ class _Events:
         if self._fh is not None:
             self._fh.write(line + "\n")
         print(f"[lcm-agent node{self._node}] {line}", file=sys.stderr, flush=True)
-
-
-# What lcm_runner.train imports lazily at run time (megatron-core is most of a rank's start-up: about
-# 5-9 s of a 12 s start on the 2-core CI machine). Found by diffing sys.modules before/after a run.
-_LCM_TRAINER_PRELOAD = [
-    "megatron.core",
-    "megatron.core.models.gpt.gpt_model",
-    "megatron.core.models.gpt.gpt_layer_specs",
-    "megatron.core.dist_checkpointing",
-    "megatron.core.dist_checkpointing.serialization",
-    "megatron.core.distributed",
-    "megatron.core.optimizer",
-    "megatron.core.transformer.moe.token_dispatcher",
-    "megatron.core.transformer.moe.router",
-    "multiprocessing.managers",
-    "psutil",
-]
-
-
-def preload(cfg: AgentConfig) -> list[str]:
-    """Import what the ranks need, once. Default: torch, torch.distributed, every module of the
-    trainer's package (not its __main__) and, for lcm_runner.train, the megatron-core modules it
-    imports lazily, so a forked rank starts with all of them in memory."""
-    names = list(cfg.preload) or ["torch", "torch.distributed"]
-    if not cfg.preload and cfg.module.startswith("lcm_runner.train"):
-        # megatron imports triton unconditionally in one MoE module; the trainer stubs that module
-        # when triton is absent (CPU builds), and the stub must exist before megatron is imported.
-        compat = importlib.import_module("lcm_runner.train.cpu_compat")
-        compat.stub_triton_kernels()
-        names += _LCM_TRAINER_PRELOAD
-    if not cfg.preload:
-        pkg_name = cfg.module.rsplit(".", 1)[0] if cfg.module.endswith(".__main__") else cfg.module
-        pkg = importlib.import_module(pkg_name)
-        names.append(pkg_name)
-        for info in pkgutil.walk_packages(getattr(pkg, "__path__", []), prefix=pkg_name + "."):
-            if not info.name.endswith("__main__"):
-                names.append(info.name)
-    for name in names:
-        importlib.import_module(name)
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise RuntimeError("CUDA was initialised while preloading: forked ranks could not use it")
-    return names
 
 
 @dataclass
@@ -311,40 +255,9 @@ class Agent:
         return None
 
     # --- ranks -----------------------------------------------------------------------------------
-    def _child(self, w: _Worker, env: dict[str, str]) -> None:
-        code = 1
-        try:
-            os.setpgid(0, 0)
-            libc = _libc()
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            libc.prctl(_PR_SET_NAME, procs.TRAINER_COMM.encode(), 0, 0, 0)
-            for s in (*_FORWARDED, signal.SIGCHLD):
-                signal.signal(s, signal.SIG_DFL)
-            os.environ.update(env)
-            if self.cfg.log_dir is not None:
-                fd = os.open(
-                    self.cfg.log_dir / f"rank{w.rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
-                )
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.close(fd)
-            sys.argv = [self.cfg.module, *self.cfg.train_args]
-            runpy.run_module(self.cfg.module, run_name="__main__", alter_sys=True)
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            # what a normal interpreter exit does: multiprocessing's finalizers shut down the Manager
-            # that dist_checkpointing started (os._exit alone would orphan it and its resource_tracker)
-            with contextlib.suppress(BaseException):
-                atexit._run_exitfuncs()
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(code)
+    def _child(self, w: _Worker, env: dict[str, str]) -> NoReturn:
+        log = self.cfg.log_dir / f"rank{w.rank}.log" if self.cfg.log_dir is not None else None
+        zygote.run_rank(self.cfg.module, self.cfg.train_args, env, log, reset=(*_FORWARDED, signal.SIGCHLD))
 
     def spawn(self) -> None:
         c = self.cfg
@@ -489,10 +402,10 @@ class Agent:
     def run(self) -> int:
         c = self.cfg
         t0 = time.monotonic()
-        _libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        zygote.become_subreaper()
         if c.log_dir is not None:
             c.log_dir.mkdir(parents=True, exist_ok=True)
-        names = preload(c)
+        names = zygote.preload(c.module, c.preload)
         self.ev.emit("ready", import_s=round(time.monotonic() - t0, 3), preloaded=len(names))
         for s in _FORWARDED:
             signal.signal(s, self._on_signal)
