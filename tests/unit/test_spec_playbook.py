@@ -6,6 +6,7 @@ UNREACHABLE (a different failure), and the marker play after validate.yml would 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -100,4 +101,16 @@ def test_bad_spec_stops_before_any_host(tmp_path: Path, cluster: dict, hosts: st
     assert out.returncode != 0
     assert message in out.stdout, out.stdout
     assert "no host was touched" in out.stdout
+    assert "MARKER" not in out.stdout and "UNREACHABLE" not in out.stdout
+
+
+def test_host_overriding_the_spec_is_rejected(tmp_path: Path) -> None:
+    spec = _spec()
+    other = {**spec, "name": "other"}
+    hosts = HOSTS.replace(
+        "compute: {hosts: {gpu1: {}, gpu2: {}}}", "compute: {hosts: {gpu1: {cluster: %s}, gpu2: {}}}"
+    )
+    out = _run(tmp_path, _inventory(tmp_path, spec, hosts % json.dumps(other)))
+    assert out.returncode != 0
+    assert "hosts gpu1 see a different `cluster` mapping" in out.stdout, out.stdout
     assert "MARKER" not in out.stdout and "UNREACHABLE" not in out.stdout
