@@ -195,7 +195,8 @@ def _run_stage(ns: argparse.Namespace, ctx: Any) -> int:
         if only and (bad := [s for s in only if s not in known]):
             print(f"lcm-runner all: --only {','.join(bad)}: not one of {','.join(known)}", file=sys.stderr)
             return 2
-        return all_stage.exit_code(all_stage.run(ctx, only))
+        results, report = all_stage.run(ctx, only)
+        return all_stage.exit_code(results, report)
     fns: dict[str, Callable[[Any], Any]] = {
         "baseline": baseline.run,
         "resume": resume.run,

@@ -1,13 +1,13 @@
-"""all: render, baseline, resume, fault, nccl-profile, then the report: the whole sequence in one run
-directory, each stage ending with its one-line verdict, and a closing table of all of them."""
+"""all: baseline, resume, fault, nccl-profile, then the report: the whole sequence in one run directory,
+each stage ending with its one-line verdict, and a closing table of all of them (the CLI renders
+train_2node.sbatch and nccl_env.sh into the run directory first when given the cluster spec)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from lcm_runner.stages import baseline, fault, nccl_profile, resume
-from lcm_runner.stages.common import FAIL, SKIP, StageContext, StageResult
+from lcm_runner.stages.common import FAIL, StageContext, StageResult
 
 SEQUENCE: list[tuple[str, Callable[[StageContext], StageResult]]] = [
     ("baseline", baseline.run),
@@ -18,32 +18,28 @@ SEQUENCE: list[tuple[str, Callable[[StageContext], StageResult]]] = [
 
 
 def run_report(ctx: StageContext) -> str:
-    """C's report (lcm_runner.report) over the run dir: infra_slo.md, slo.json, plots. Its verdict line."""
-    try:
-        report = importlib.import_module("lcm_runner.report")
-    except ImportError as e:
-        return f"{SKIP}: lcm_runner.report is not installed ({e})"
-    fn = getattr(report, "build_report", None) or getattr(report, "run_report", None)
-    if fn is None:
-        return f"{SKIP}: lcm_runner.report has no build_report(run_dir, cfg)"
-    out = fn(ctx.run_dir, ctx.cfg)
-    return str(out if out is not None else "written")
+    """The report (lcm_runner.report): infra_slo.md, slo.json, multi_node_run.log, plots; its verdict."""
+    from lcm_runner.report import build_report
+
+    return build_report(ctx.run_dir, ctx.cfg)
 
 
-def run(ctx: StageContext, only: list[str] | None = None) -> list[StageResult]:
+def run(ctx: StageContext, only: list[str] | None = None) -> tuple[list[StageResult], str]:
     results: list[StageResult] = []
     for name, fn in SEQUENCE:
         if only and name not in only:
             continue
         results.append(fn(ctx))
     ctx.progress.stage = "all"
-    ctx.progress.info("report: " + run_report(ctx))
+    report = run_report(ctx)
+    ctx.progress.info(f"report: {report}")
     ctx.progress.info("summary:")
     for r in results:
         ctx.progress.info(f"  {r.stage:<13} {r.verdict:<4} {r.summary}")
     ctx.progress.info(f"run dir: {ctx.run_dir}")
-    return results
+    return results, report
 
 
-def exit_code(results: list[StageResult]) -> int:
-    return 1 if any(r.verdict == FAIL for r in results) else 0
+def exit_code(results: list[StageResult], report: str = "") -> int:
+    """1 when a stage FAILed or the report's SLO verdict is FAIL, else 0."""
+    return 1 if any(r.verdict == FAIL for r in results) or report.startswith(FAIL) else 0
