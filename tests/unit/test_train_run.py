@@ -151,10 +151,10 @@ def run_torchrun(run_dir: Path, extra: list[str], max_restarts: int) -> Run:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    """Uninterrupted: saves at 3 and 6 (interval) and 8 (end), keeps the last 2."""
+    """Uninterrupted, with async saves at 3 and 6 (interval) and 8 (end); keeps the last 2."""
     run = run_direct(
         tmp_path_factory.mktemp("ref"),
-        ["--train-iters", str(ITERS), "--save-interval", "3", "--keep-last", "2"],
+        ["--train-iters", str(ITERS), "--save-interval", "3", "--keep-last", "2", "--async-save"],
     )
     assert run.codes == [0, 0], run.log
     return run
@@ -177,6 +177,7 @@ def test_reference_trains_saves_and_keeps_last_n(reference: Run) -> None:
         ends = of_event(recs, "ckpt_end", rank=rank)
         assert [r.step for r in ends] == [3, 6, 8]
         assert all(r.get("bytes") > 0 and r.get("total_s") >= r.get("blocking_s") > 0 for r in ends)
+        assert all(r.get("asynchronous") for r in ends)
     start = of_event(recs, "start", rank=0)[0]
     assert (start.get("world_size"), start.get("ep"), start.get("dp"), start.get("resumed_from")) == (
         2,
