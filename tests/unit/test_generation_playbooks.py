@@ -88,7 +88,7 @@ def test_record_drift_rollback_cycle(node: dict[str, Path]) -> None:
     # the plan (check mode) after a change says a generation would be recorded, and writes nothing
     conf.write_text("ClusterName=lab\nSchedulerParameters=x\n")
     out = _play(node, "generation.yml", "--check", "--diff")
-    assert out.returncode == 0 and "generation 2 recorded" in out.stdout, out.stdout
+    assert out.returncode == 0 and "generation 2 would be recorded (check mode)" in out.stdout, out.stdout
     assert not (node["gens"] / "2.json").exists()
 
     # a converge records generation 2; a hand edit after it is drift (non-zero exit, file named)
