@@ -136,6 +136,8 @@ class Agent:
         self._hb_last = 0.0
         self._peer_seen: dict[int, tuple[int, float]] = {}
         self._lost_peer: int | None = None
+        # escape hatch: start ranks as fresh processes instead of forking the warm zygote
+        self.exec_ranks = os.environ.get("LCM_AGENT_EXEC", "") == "1"
         self._awaiting: set[int] = set()  # lost peers a standby was asked to replace
 
     # --- store -----------------------------------------------------------------------------------
@@ -278,6 +280,11 @@ class Agent:
                 "TORCHELASTIC_MAX_RESTARTS": str(c.max_restarts),
                 "LCM_ATTEMPT": str(self.gen),
             }
+            if self.exec_ranks:
+                log = c.log_dir / f"rank{rank}.log" if c.log_dir is not None else None
+                proc = zygote.exec_rank(sys.executable, c.module, c.train_args, env, log)
+                self.workers.append(_Worker(rank, local, proc.pid))
+                continue
             pid = os.fork()
             w = _Worker(rank, local, pid)
             if pid == 0:
@@ -405,7 +412,7 @@ class Agent:
         zygote.become_subreaper()
         if c.log_dir is not None:
             c.log_dir.mkdir(parents=True, exist_ok=True)
-        names = zygote.preload(c.module, c.preload)
+        names = [] if self.exec_ranks else zygote.preload(c.module, c.preload)
         self.ev.emit("ready", import_s=round(time.monotonic() - t0, 3), preloaded=len(names))
         for s in _FORWARDED:
             signal.signal(s, self._on_signal)

@@ -15,6 +15,7 @@ import os
 import pkgutil
 import runpy
 import signal
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -53,10 +54,31 @@ _LCM_TRAINER_PRELOAD = [
 ]
 
 
+def exec_rank(
+    python: str, module: str, args: list[str], env: dict[str, str], log: Path | None
+) -> subprocess.Popen[bytes]:
+    """The fallback without a zygote (LCM_AGENT_EXEC=1): a fresh `python -m module args` in its own
+    process group, as torchrun would start it (pays interpreter start and imports on every restart)."""
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            [python, "-m", module, *args],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT if out is not None else None,
+            process_group=0,
+        )
+    finally:
+        if out is not None:
+            out.close()
+
+
 def preload(module: str, explicit: list[str]) -> list[str]:
     """Import what the ranks need, once. Default: torch, torch.distributed, every module of the
     trainer's package (not its __main__) and, for lcm_runner.train, the megatron-core modules it
     imports lazily, so a forked rank starts with all of them in memory."""
+    # GPU machines: CUDA must not be initialised before fork(); torch's device checks then use NVML
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     names = list(explicit) or ["torch", "torch.distributed"]
     if not explicit and module.startswith("lcm_runner.train"):
         # megatron imports triton unconditionally in one MoE module; the trainer stubs that module
@@ -74,7 +96,7 @@ def preload(module: str, explicit: list[str]) -> list[str]:
     for name in names:
         importlib.import_module(name)
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch is not None and torch.cuda.is_initialized():  # is_available() itself could cuInit
         raise RuntimeError("CUDA was initialised while preloading: forked ranks could not use it")
     return names
 
