@@ -6,6 +6,7 @@ Run: pytest tests/infra/test_munge.py --hosts=ansible://all --ansible-inventory=
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -46,7 +47,7 @@ def test_credential_decodes_on_every_node(host: Any) -> None:
     for peer in _peers(host):
         out = peer.run(f"echo {cred} | unmunge")
         assert out.rc == 0, f"-> {peer.backend.get_hostname()}: {out.stdout} {out.stderr}"
-        assert "STATUS:           Success (0)" in out.stdout
+        assert re.search(r"^STATUS:\s+Success \(0\)$", out.stdout, re.M), out.stdout
 
 
 @pytest.mark.groups("controller")
@@ -55,7 +56,7 @@ def test_foreign_key_credential_rejected(host: Any) -> None:
     above is not vacuous."""
     tmp = host.check_output(
         "set -e; d=$(mktemp -d /run/lcm-test-munge.XXXXXX); head -c 1024 /dev/urandom > $d/k;"
-        " chmod 0400 $d/k;"
+        " chmod 0400 $d/k; chmod 0755 $d;"
         " chown -R munge:munge $d; runuser -u munge -- /usr/sbin/munged --key-file=$d/k --socket=$d/sock"
         " --pid-file=$d/pid --log-file=$d/log --seed-file=$d/seed; echo $d"
     )
