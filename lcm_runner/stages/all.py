@@ -19,9 +19,12 @@ SEQUENCE: list[tuple[str, Callable[[StageContext], StageResult]]] = [
 
 def run_report(ctx: StageContext) -> str:
     """The report (lcm_runner.report): infra_slo.md, slo.json, multi_node_run.log, plots; its verdict."""
-    from lcm_runner.report import build_report
+    try:
+        from lcm_runner.report import build_report
 
-    return build_report(ctx.run_dir, ctx.cfg)
+        return build_report(ctx.run_dir, ctx.cfg)
+    except Exception as e:  # e.g. matplotlib missing on the controller: the stage files are written
+        return f"{FAIL}: the report could not be written: {type(e).__name__}: {e}"
 
 
 def run(ctx: StageContext, only: list[str] | None = None) -> tuple[list[StageResult], str]:
