@@ -195,4 +195,8 @@ def test_healthcheck_failure_drains_the_node(host: Any) -> None:
     finally:
         node.run(f"rm -f {conf}")
         host.run(f"scontrol update NodeName={name} State=RESUME")
+    # After RESUME slurmctld pings the node; it shows `idle*` until slurmd answers (a few seconds).
+    deadline = time.monotonic() + 60
+    while _node_states(host)[name] not in UP_STATES and time.monotonic() < deadline:
+        time.sleep(2)
     assert _node_states(host)[name] in UP_STATES
