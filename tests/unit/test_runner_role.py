@@ -33,9 +33,9 @@ def _preflight(tmp_path: Path, **extra):
     return run_role("lcm_runner", tmp_path, base | extra, tags="lcm_runner_preflight")
 
 
-def _keys(run) -> tuple[str, str]:
+def _keys(run) -> tuple[str, str, str]:
     facts = run.task("Compute the source hash")["ansible_facts"]
-    return facts["_lcm_runner_src_key"], facts["_lcm_runner_key"]
+    return facts["_lcm_runner_src_key"], facts["_lcm_runner_key"], facts["_lcm_runner_deps_key"]
 
 
 def test_install_key_follows_pip_options_and_source_key_does_not(tmp_path):
@@ -53,6 +53,7 @@ def test_install_key_follows_pip_options_and_source_key_does_not(tmp_path):
     (tmp_path / "src/lcm_runner/__init__.py").write_text('__version__ = "0.1.1"\n')
     e = _preflight(tmp_path)
     assert _keys(e)[0] != _keys(d)[0], "a source change means another wheel"
+    assert _keys(e)[2] == _keys(d)[2], "... but not another pip install of torch and megatron-core"
 
 
 def test_preflight_names_a_missing_find_links_folder(tmp_path):
