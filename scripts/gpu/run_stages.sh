@@ -18,6 +18,12 @@ cd "$(dirname "$0")/../.."
 WHEELS=${WHEELS:-.whl}
 VENV=${VENV:-.venv-gpu}
 STEPS=${STEPS:-60}
+SEQ_LENGTH=${SEQ_LENGTH:-4096}
+MBS=${MBS:-2}
+# The lent dev GPUs share an NVSwitch host: NVLink multicast (NVLS) stays off there. Production
+# NVSwitch systems enable it (NCCL_NVLS_ENABLE=1 from the spec).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
+export NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 
 command -v nvidia-smi >/dev/null || { echo "run_stages.sh: nvidia-smi not found: this script is for a GPU machine" >&2; exit 2; }
 GPUS=$(nvidia-smi -L | grep -c '^GPU ')
@@ -48,9 +54,10 @@ print(f"torch {torch.__version__} cuda {torch.version.cuda} nccl {torch.cuda.ncc
 PYCHECK
 
 CFG=$(mktemp --suffix=.yml)
-"$PY" - "$CFG" "$GPUS" "$PER_NODE" "$STEPS" <<'PYCFG'
+"$PY" - "$CFG" "$GPUS" "$PER_NODE" "$STEPS" "$SEQ_LENGTH" "$MBS" <<'PYCFG'
 import sys, yaml
 out, gpus, per_node, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+seq, mbs = int(sys.argv[5]), int(sys.argv[6])
 save = max(5, steps // 3)
 cfg = {
     "name": f"h200-local-{gpus}gpu",
@@ -70,7 +77,7 @@ cfg = {
     # the model measured on an H200 pair (docs/machines.md): EP=2 alltoall, 8 experts top-2, bf16
     "model": {
         "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "ffn_hidden_size": 4096,
-        "seq_length": 4096, "micro_batch_size": 2, "global_batch_size": 2 * gpus,
+        "seq_length": seq, "micro_batch_size": mbs, "global_batch_size": mbs * gpus,
         "tp": 1, "pp": 1, "ep": 2, "num_experts": 8, "moe_router_topk": 2, "bf16": True,
     },
     "fault": {"kill_at_step": save + save // 2, "kill_node": 1},
