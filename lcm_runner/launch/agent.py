@@ -74,6 +74,10 @@ class AgentConfig:
     log_dir: Path | None = None
     train_args: list[str] = field(default_factory=list)
     standby: bool = False  # a hot spare: preload, wait, take over a lost node's rank
+    # node rank -> CUDA_VISIBLE_DEVICES of its ranks (local launcher: nodes emulated on one machine, a
+    # standby without GPUs of its own runs the node it takes over on that node's devices). Empty: the
+    # ranks inherit the agent's CUDA_VISIBLE_DEVICES (a real node, or a spare with its own GPUs).
+    node_devices: dict[int, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.nnodes < 1:
@@ -95,6 +99,23 @@ class AgentConfig:
             raise ValueError("max_restarts must be >= 0")
         if self.hb_timeout_s <= 2 * self.hb_interval_s:
             raise ValueError("hb_timeout_s must exceed twice hb_interval_s")
+        if self.node_devices and set(self.node_devices) != set(range(self.nnodes)):
+            raise ValueError(
+                f"node_devices names nodes {sorted(self.node_devices)}, the job has 0..{self.nnodes - 1}"
+            )
+
+
+def parse_node_devices(text: str) -> dict[int, str]:
+    """'0=0,1;1=2,3' -> {0: '0,1', 1: '2,3'} (the --node-devices value the local launcher writes)."""
+    out: dict[int, str] = {}
+    for item in filter(None, text.split(";")):
+        node, sep, devices = item.partition("=")
+        if not sep or not node.strip().isdigit() or not devices.strip():
+            raise ValueError(f"--node-devices: {item!r} is not NODE_RANK=DEVICE[,DEVICE...]")
+        if int(node) in out:
+            raise ValueError(f"--node-devices: node rank {int(node)} given twice")
+        out[int(node)] = devices.strip()
+    return out
 
 
 class _Events:
@@ -204,28 +225,42 @@ class Agent:
     def standby(self) -> int:
         """Wait, warm, for a takeover request; then become the lost node and run its ranks."""
         me = f"{os.uname().nodename}:{os.getpid()}"
-        seen = self.store.add("takeover/seq", 0)  # before announcing: no request can fall in between
-        self.store.add("standby/count", 1)
-        self.ev.emit("standby", id=me)
+        seen = self._announce(me)
         while True:
             if self.pending_signal is not None:
                 return 128 + self.pending_signal
             if self.store.check(["finished"]):
                 self.ev.emit("exit", code=0, reason="standby not needed: the job finished")
                 return 0
-            latest = self.store.add("takeover/seq", 0)
-            while seen < latest:
-                seen += 1
-                req = json.loads(self.store.get(f"takeover/{seen}"))
-                if self.store.compare_set(f"claim/{seen}", "", me).decode() == me:
-                    self.store.add("standby/claimed", 1)
-                    self.cfg.node_rank = int(req["node_rank"])
-                    self.cfg.standby = False
-                    self.gen = int(req["gen"])
-                    self.ev._node = self.cfg.node_rank
-                    self.ev.emit("takeover", gen=self.gen, node=self.cfg.node_rank, id=me)
-                    return self._loop()
+            seen, claimed = self._claim_takeover(seen, me)
+            if claimed:
+                return self._loop()
             time.sleep(self.cfg.store_poll_s)
+
+    def _announce(self, me: str) -> int:
+        """Count this standby as free; returns the last takeover request it need not look at."""
+        seen = self.store.add("takeover/seq", 0)  # before announcing: no request can fall in between
+        self.store.add("standby/count", 1)
+        self.ev.emit("standby", id=me)
+        return seen
+
+    def _claim_takeover(self, seen: int, me: str) -> tuple[int, bool]:
+        """Look at the takeover requests after `seen`; claim the first one still free (compare-and-set)
+        and become that node. Returns (last request seen, claimed)."""
+        latest = self.store.add("takeover/seq", 0)
+        while seen < latest:
+            seen += 1
+            req = json.loads(self.store.get(f"takeover/{seen}"))
+            if self.store.compare_set(f"claim/{seen}", "", me).decode() == me:
+                self.store.add("standby/claimed", 1)
+                self.cfg.node_rank = int(req["node_rank"])
+                self.cfg.standby = False
+                self.gen = int(req["gen"])
+                self.ev._node = self.cfg.node_rank
+                devices = self.cfg.node_devices.get(self.cfg.node_rank)
+                self.ev.emit("takeover", gen=self.gen, node=self.cfg.node_rank, id=me, devices=devices)
+                return seen, True
+        return seen, False
 
     def rendezvous(self) -> str | None:
         """All agents join generation ``gen``; returns a reason when that fails within join_timeout_s."""
@@ -261,25 +296,34 @@ class Agent:
         log = self.cfg.log_dir / f"rank{w.rank}.log" if self.cfg.log_dir is not None else None
         zygote.run_rank(self.cfg.module, self.cfg.train_args, env, log, reset=(*_FORWARDED, signal.SIGCHLD))
 
+    def rank_env(self, local: int) -> dict[str, str]:
+        """The torchrun environment of local rank `local` of this node in the current generation."""
+        c = self.cfg
+        rank = c.node_rank * c.nproc_per_node + local
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local),
+            "GROUP_RANK": str(c.node_rank),
+            "NODE_RANK": str(c.node_rank),
+            "WORLD_SIZE": str(c.nnodes * c.nproc_per_node),
+            "LOCAL_WORLD_SIZE": str(c.nproc_per_node),
+            "MASTER_ADDR": c.master_addr,
+            "MASTER_PORT": str(c.master_port + 1 + self.gen),
+            "TORCHELASTIC_RESTART_COUNT": str(self.gen),
+            "TORCHELASTIC_MAX_RESTARTS": str(c.max_restarts),
+            "LCM_ATTEMPT": str(self.gen),
+        }
+        if c.node_rank in c.node_devices:
+            # set in the forked rank before the trainer touches CUDA (the zygote never initialises it)
+            env["CUDA_VISIBLE_DEVICES"] = c.node_devices[c.node_rank]
+        return env
+
     def spawn(self) -> None:
         c = self.cfg
-        world = c.nnodes * c.nproc_per_node
         self.workers = []
         for local in range(c.nproc_per_node):
-            rank = c.node_rank * c.nproc_per_node + local
-            env = {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local),
-                "GROUP_RANK": str(c.node_rank),
-                "NODE_RANK": str(c.node_rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_WORLD_SIZE": str(c.nproc_per_node),
-                "MASTER_ADDR": c.master_addr,
-                "MASTER_PORT": str(c.master_port + 1 + self.gen),
-                "TORCHELASTIC_RESTART_COUNT": str(self.gen),
-                "TORCHELASTIC_MAX_RESTARTS": str(c.max_restarts),
-                "LCM_ATTEMPT": str(self.gen),
-            }
+            env = self.rank_env(local)
+            rank = int(env["RANK"])
             if self.exec_ranks:
                 log = c.log_dir / f"rank{rank}.log" if c.log_dir is not None else None
                 proc = zygote.exec_rank(sys.executable, c.module, c.train_args, env, log)
@@ -495,6 +539,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--preload", default="", help="comma-separated modules (default: torch + trainer pkg)")
     ap.add_argument("--events", type=Path, default=None, help="JSON-lines event file")
     ap.add_argument("--log-dir", type=Path, default=None, help="rank<R>.log per rank (default: inherit)")
+    ap.add_argument(
+        "--node-devices",
+        default="",
+        help="NODE_RANK=DEVICES;... : CUDA_VISIBLE_DEVICES of each node's ranks (local launcher's standby)",
+    )
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     return ap
 
@@ -502,6 +551,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     args = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
+    try:
+        node_devices = parse_node_devices(ns.node_devices)
+    except ValueError as e:
+        print(f"lcm-agent: {e}", file=sys.stderr)
+        return int(AgentExit.BAD_ARGS)
     cfg = AgentConfig(
         nnodes=ns.nnodes,
         node_rank=ns.node_rank,
@@ -517,6 +571,7 @@ def main(argv: list[str] | None = None) -> int:
         log_dir=ns.log_dir,
         train_args=args,
         standby=ns.standby,
+        node_devices=node_devices,
     )
     try:
         agent = Agent(cfg)

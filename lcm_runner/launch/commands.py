@@ -19,8 +19,13 @@ def agent_argv(
     log_dir: str,
     rdzv_id: str,
     standby: bool = False,
+    node_devices: str = "",
 ) -> list[str]:
-    """argv of one node's agent: our `lcm_runner.launch.agent`, or stock torchrun for comparison."""
+    """argv of one node's agent: our `lcm_runner.launch.agent`, or stock torchrun for comparison.
+
+    `node_devices` ("0=0,1;1=2,3", node rank -> CUDA_VISIBLE_DEVICES): only the local launcher passes
+    it, to a standby agent that has no GPUs of its own (nodes emulated on one machine); a standby on a
+    real spare node keeps its own devices."""
     if spec.agent == "lcm":
         return [
             spec.python,
@@ -45,6 +50,7 @@ def agent_argv(
             events,
             "--log-dir",
             log_dir,
+            *(["--node-devices", node_devices] if node_devices else []),
             "--",
             *spec.train_args,
         ]

@@ -48,13 +48,39 @@ class LocalLauncher:
     def pool(self, spec: JobSpec) -> list[str]:
         return [f"{self.node_prefix}{i}" for i in range(spec.nodes + self.spare_nodes)]
 
-    def _gpus(self, spec: JobSpec, node: str) -> str | None:
+    def devices(self, spec: JobSpec, slots: int) -> list[str]:
+        """The device slice of each of `slots` emulated nodes ("0,1", "2,3", ...): indices into this
+        machine's visible GPUs (CUDA_VISIBLE_DEVICES when set, else every GPU the driver lists)."""
+        visible = visible_gpus()
+        need = slots * spec.gpus_per_node
+        if visible is not None and len(visible) < need:
+            raise LaunchError(
+                f"{spec.name}: {slots} local node(s) x {spec.gpus_per_node} GPUs need {need} GPUs, "
+                f"{len(visible)} visible ({','.join(visible) or 'none'})"
+            )
+        ids = visible if visible is not None else [str(g) for g in range(need)]
+        return [",".join(ids[k * spec.gpus_per_node : (k + 1) * spec.gpus_per_node]) for k in range(slots)]
+
+    def plan_devices(
+        self, spec: JobSpec, nodes: int, standby: int
+    ) -> tuple[list[str | None], list[str | None], str]:
+        """CUDA_VISIBLE_DEVICES of the job's node ranks, of its standby agents, and the per-node device
+        map handed to the standby agents ("" when none is needed).
+
+        Node rank k gets slice k (a relaunch on a spare label takes the slot it fills). A standby gets a
+        slice of its own when the machine has free GPUs for it (as a real spare node has); otherwise it
+        gets none and, on takeover of node k, runs its ranks on node k's slice: the nodes are emulated
+        on one machine and the lost node's GPUs are free once its processes are dead (kill_node waits
+        for that)."""
         if not spec.gpus_per_node:
-            return None
-        # a replacement node takes over the GPUs of the slot it fills (one machine has only so many)
-        slot = int(node.removeprefix(self.node_prefix)) % spec.nodes
-        first = slot * spec.gpus_per_node
-        return ",".join(str(g) for g in range(first, first + spec.procs_per_node))
+            return [None] * nodes, [None] * standby, ""
+        visible = visible_gpus()
+        free = 0 if visible is None else len(visible) // spec.gpus_per_node - nodes
+        own = min(max(free, 0), standby)
+        slices = self.devices(spec, nodes + own)
+        spares: list[str | None] = [*slices[nodes:], *([None] * (standby - own))]
+        shared = standby > own  # some standby has no GPUs of its own: it takes over the lost node's
+        return list(slices[:nodes]), spares, format_node_devices(slices[:nodes]) if shared else ""
 
     # --- submit ----------------------------------------------------------------------------------
     def submit(self, spec: JobSpec, nodes: list[str] | None = None) -> Job:
@@ -67,20 +93,22 @@ class LocalLauncher:
         placed = nodes if nodes is not None else self.pool(spec)[: spec.nodes]
         if len(placed) != spec.nodes:
             raise LaunchError(f"{job_id}: needs {spec.nodes} nodes, {len(placed)} available")
-        job = Job(job_id, spec, time.time(), tag=f"{spec.run_dir.name}/{job_id}", nodes=placed)
-        job.log_dir.mkdir(parents=True, exist_ok=True)
-        job.events_dir.mkdir(parents=True, exist_ok=True)
-        port = spec.master_port + _PORT_STRIDE * (n % 64)
-        run_spec = JobSpec(**{**spec.__dict__, "master_port": port})
-        local = _Local()
         standby: list[str] = []
         if spec.standby_nodes and spec.agent == "lcm":
             free = [x for x in self.pool(spec) if x not in placed]
             if len(free) < spec.standby_nodes:
                 raise LaunchError(f"{job_id}: {spec.standby_nodes} standby node(s) asked, {len(free)} spare")
             standby = free[: spec.standby_nodes]
+        node_gpus, standby_gpus, node_devices = self.plan_devices(spec, len(placed), len(standby))
+        job = Job(job_id, spec, time.time(), tag=f"{spec.run_dir.name}/{job_id}", nodes=placed)
+        job.log_dir.mkdir(parents=True, exist_ok=True)
+        job.events_dir.mkdir(parents=True, exist_ok=True)
+        port = spec.master_port + _PORT_STRIDE * (n % 64)
+        run_spec = JobSpec(**{**spec.__dict__, "master_port": port})
+        local = _Local()
         local.standby = standby
         job.touched = placed + standby
+        gpus_of = dict(zip(placed + standby, node_gpus + standby_gpus, strict=True))
         for rank, node in enumerate(placed + standby):
             argv = agent_argv(
                 run_spec,
@@ -90,9 +118,10 @@ class LocalLauncher:
                 log_dir=str(job.log_dir),
                 rdzv_id=job_id,
                 standby=node in standby,
+                node_devices=node_devices if node in standby else "",
             )
             env = {**os.environ, **spec.env, **base_env(job_id, job.tag, node, spec.run_dir)}
-            gpus = self._gpus(spec, node)
+            gpus = gpus_of.get(node)
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = gpus
             if spec.env_file is not None:
@@ -238,6 +267,23 @@ class LocalLauncher:
     def _check_node(self, job: Job, node: str) -> None:
         if node not in job.nodes:
             raise LaunchError(f"{job.id}: {node} is not one of its nodes {job.nodes}")
+
+
+def visible_gpus() -> list[str] | None:
+    """This machine's GPUs as CUDA_VISIBLE_DEVICES entries, without initialising CUDA: the launcher's
+    own CUDA_VISIBLE_DEVICES when set, else the GPUs the NVIDIA driver lists; None when unknown."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir():
+        return [str(i) for i in range(len(list(gpus.iterdir())))]
+    return None
+
+
+def format_node_devices(slices: list[str]) -> str:
+    """The agent's --node-devices value: node rank k -> slice k, e.g. "0=0,1;1=2,3"."""
+    return ";".join(f"{k}={d}" for k, d in enumerate(slices))
 
 
 def describe(job: Job) -> str:
