@@ -39,13 +39,6 @@ def _tree(pid: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the trainer's multiprocessing helpers (dist_checkpointing's Manager) die on SIGUSR1 (default "
-    "action), so the checkpoint after the signal fails and the ranks exit 1. Verified fix: start those "
-    "helpers with SIGUSR1/SIGTERM set to SIG_IGN (inherited across exec), e.g. around "
-    "multiprocessing.process.BaseProcess.start; with it this test passes (43 s)",
-)
 def test_usr1_checkpoints_and_requests_requeue(tmp_path: Path) -> None:
     data = yaml.safe_load((ROOT / "configs" / "lab.yml").read_text())
     data.update(
