@@ -2,8 +2,11 @@
 
 The main guard matters: dist_checkpointing.save starts a 'spawn' multiprocessing Manager, and a spawned
 child re-imports a script's `__main__` (a package's `__main__` module is skipped by multiprocessing, but
-keep the guard for copies of this file run as a script). The Manager is tied to the trainer's lifetime in
-lcm_runner.train.procutil.install_checkpoint_results_queue.
+keep the guard for copies of this file run as a script). Because a spawned helper never runs this
+module, nothing that must happen in the helpers belongs here: the Manager, the resource_tracker and the
+forked checkpoint writers are tied to the trainer's lifetime (and kept out of SIGUSR1/SIGTERM) by
+lcm_runner.train.procutil.install_checkpoint_results_queue, which the trainer itself calls, under our
+forking agent and under stock torchrun alike.
 """
 
 from __future__ import annotations

@@ -2,7 +2,13 @@
 the batch system's preemption signals.
 
 Helpers a trainer starts: dist_checkpointing's 'spawn' multiprocessing Manager (the results queue of
-every save) and the multiprocessing resource_tracker that a spawn-context start brings up.
+every save), the multiprocessing resource_tracker that a spawn-context start brings up, and the forked
+writer of each asynchronous save. Two launch paths must leave none of them behind:
+
+- our forking agent (lcm_runner.launch.agent): its teardown also kills whatever the node's tag shows;
+- stock torchrun / `python -m lcm_runner.train`: nothing cleans up after a SIGKILLed rank. A spawned
+  child does not re-run a package's `__main__`, so nothing placed there runs in the helpers; what
+  runs is set up here, at the first CheckpointManager, in the trainer itself.
 
 Slurm's `--signal=USR1@s` / `scancel --signal` signal every process of the step: a helper left at the
 default action would die on SIGUSR1/SIGTERM in the middle of the checkpoint that signal asks for.
@@ -15,6 +21,7 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
@@ -49,6 +56,32 @@ def helper_init(parent: int) -> None:
     die_with_parent(parent=parent)
 
 
+_fork_state = {"registered": False, "parent": 0, "main": False}
+
+
+def _before_fork() -> None:
+    _fork_state["parent"] = os.getpid()
+    _fork_state["main"] = threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_child() -> None:
+    # PDEATHSIG fires when the forking *thread* exits: only a fork from the main thread (what
+    # multiprocessing's fork context and the async checkpoint writer do) is tied, a worker thread's
+    # short life must not kill what it forked
+    if _fork_state["main"]:
+        die_with_parent(parent=_fork_state["parent"])
+
+
+def forked_children_die_with_this_process() -> None:
+    """Every child this process forks from its main thread from now on (the asynchronous checkpoint
+    writers of megatron's AsyncCallsQueue, any fork-context multiprocessing helper) gets SIGKILL
+    when this process dies. Idempotent. subprocess's fork+exec does not run these hooks."""
+    if _fork_state["registered"]:
+        return
+    _fork_state["registered"] = True
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork_child)
+
+
 @contextlib.contextmanager
 def preemption_signals_blocked() -> Iterator[None]:
     """Block SIGUSR1/SIGTERM in this thread while helpers are started: a blocked mask is inherited
@@ -68,13 +101,15 @@ _manager: object | None = None
 
 def install_checkpoint_results_queue() -> None:
     """Give dist_checkpointing a results queue whose Manager process dies with this trainer and
-    survives the preemption signals; start the resource_tracker immune to them too.
+    survives the preemption signals; start the resource_tracker immune to them too; tie forked
+    checkpoint writers to this process.
 
     dist_checkpointing creates `mp.get_context("spawn").Manager().Queue()` at the first save and never
     stops it; a SIGKILLed trainer would leave that Manager (and the resource_tracker it keeps alive)
     orphaned, holding the launcher's stdout open. The pre-created Manager's initializer sets
     PR_SET_PDEATHSIG and ignores SIGUSR1/SIGTERM; on a normal exit it is shut down by its finalizer.
-    The resource_tracker exits by itself once every holder of its pipe is gone.
+    The resource_tracker exits by itself once every holder of its pipe (this process, the Manager,
+    forked writers) is gone.
     """
     global _manager
     import multiprocessing as mp
@@ -83,6 +118,7 @@ def install_checkpoint_results_queue() -> None:
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    forked_children_die_with_this_process()
     if getattr(filesystem_async, "_results_queue", None) is not None:
         return
     mgr = SyncManager(ctx=mp.get_context("spawn"))

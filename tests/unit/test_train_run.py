@@ -313,3 +313,69 @@ def test_checkpoint_layout_is_megatron_lm(reference: Run) -> None:
     assert sorted(p.name for p in d.glob("__*_*.distcp"))[:1], "no shard files"
     assert {p.name.split("_")[2] for p in d.glob("__*_*.distcp")} == {"0", "1"}  # one shard set per rank
     assert not list(reference.ckpt.glob(".*.tmp"))
+
+
+HELPERS_SCRIPT = """
+import multiprocessing as mp, os, time
+from multiprocessing import resource_tracker
+from lcm_runner.train import cpu_compat, procutil
+cpu_compat.stub_triton_kernels()  # as the trainer does on a CPU build, before megatron is imported
+procutil.install_checkpoint_results_queue()  # what the trainer's CheckpointManager does
+writer = mp.get_context("fork").Process(target=time.sleep, args=(120,))  # as an async save's writer
+writer.start()
+print(procutil._manager._process.pid, resource_tracker._resource_tracker._pid, writer.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_checkpoint_helpers_survive_preemption_signals_and_die_with_the_trainer() -> None:
+    """The trainer's helpers (checkpoint Manager, resource_tracker, a forked writer): SIGUSR1/SIGTERM to
+    every process, as Slurm's --signal does, leaves the Manager and tracker running; a SIGKILL of the
+    trainer (run as a plain process, as under stock torchrun) leaves none of them behind."""
+    tag = uuid.uuid4().hex
+    p = subprocess.Popen(
+        [sys.executable, "-c", HELPERS_SCRIPT], cwd=REPO, env=_env(tag), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout is not None
+        manager, tracker, writer = (int(x) for x in p.stdout.readline().split())
+        for pid in (manager, tracker):
+            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(1.0)
+        assert _alive(manager), "the checkpoint Manager died on SIGUSR1/SIGTERM"
+        assert _alive(tracker), "the resource_tracker died on SIGUSR1/SIGTERM"
+        assert _alive(writer) and p.poll() is None
+        p.kill()
+        p.wait(timeout=10)
+        assert _wait_for_no_leftovers(tag) == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for pid in _leftovers(tag):
+            os.kill(int(pid.split(":")[0]), signal.SIGKILL)
+
+
+def test_sigkill_under_stock_torchrun_right_after_an_async_save_leaves_no_helper(tmp_path: Path) -> None:
+    """Rank 1 SIGKILLed at step 3, right after the asynchronous save of step 2 was handed to its forked
+    writer; no restart: torchrun stops rank 0. Nothing of the run (Managers, resource_trackers,
+    writers) may outlive it."""
+    run = run_torchrun(
+        tmp_path,
+        ["--train-iters", str(ITERS), "--save-interval", "2", "--async-save",
+         "--fault-kill-at-step", "3", "--fault-kill-rank", "1"],
+        max_restarts=0,
+    )  # fmt: skip
+    assert run.codes != [0], run.log
+    assert "fault injection: SIGKILL at step 3" in (tmp_path / "torchrun.log").read_text(errors="replace")
+    begun = [(r.rank, r.step) for r in of_event(run.records(), "ckpt_begin")]
+    assert (1, 2) in begun, run.log  # the killed rank had started a save
+    assert _wait_for_no_leftovers(run.tag) == []
