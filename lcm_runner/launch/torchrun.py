@@ -271,14 +271,18 @@ class LocalLauncher:
 
 def visible_gpus() -> list[str] | None:
     """This machine's GPUs as CUDA_VISIBLE_DEVICES entries, without initialising CUDA: the launcher's
-    own CUDA_VISIBLE_DEVICES when set, else the GPUs the NVIDIA driver lists; None when unknown."""
+    own CUDA_VISIBLE_DEVICES when set, else as many as both the driver lists (/proc/driver/nvidia/gpus)
+    and this process can open (/dev/nvidiaN: a container may see the host's list but only its own
+    devices); None when unknown."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         return [d.strip() for d in env.split(",") if d.strip()]
-    gpus = Path("/proc/driver/nvidia/gpus")
-    if gpus.is_dir():
-        return [str(i) for i in range(len(list(gpus.iterdir())))]
-    return None
+    proc = Path("/proc/driver/nvidia/gpus")
+    if not proc.is_dir():
+        return None
+    listed = len(list(proc.iterdir()))
+    nodes = len([d for d in Path("/dev").glob("nvidia[0-9]*") if d.name.removeprefix("nvidia").isdigit()])
+    return [str(i) for i in range(min(listed, nodes))]
 
 
 def format_node_devices(slices: list[str]) -> str:
