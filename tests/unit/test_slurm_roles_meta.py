@@ -18,32 +18,6 @@ def _yaml(path: Path) -> object:
 
 
 @pytest.mark.parametrize("role", SCHEDULER_ROLES)
-def test_defaults_match_argument_specs(role: str) -> None:
-    defaults = _yaml(ROLES / role / "defaults/main.yml")
-    assert isinstance(defaults, dict)
-    options = _yaml(ROLES / role / "meta/argument_specs.yml")["argument_specs"]["main"]["options"]
-    assert set(defaults) == set(options)
-    for name, value in defaults.items():
-        assert name.startswith(f"{role}_"), name
-        assert options[name]["default"] == value, name
-        assert options[name]["description"], name
-
-
-@pytest.mark.parametrize("role", SCHEDULER_ROLES)
-def test_private_vars_prefixed(role: str) -> None:
-    private = _yaml(ROLES / role / "vars/main.yml")
-    assert all(name.startswith(f"_{role}_") for name in private)
-
-
-@pytest.mark.parametrize("role", SCHEDULER_ROLES)
-def test_thin_main_with_phase_tags(role: str) -> None:
-    tasks = _yaml(ROLES / role / "tasks/main.yml")
-    phases = ["preflight", "install", "configure", "run"]
-    assert [t["ansible.builtin.import_tasks"] for t in tasks] == [f"{p}.yml" for p in phases]
-    assert [t["tags"] for t in tasks] == [[role, f"{role}_{p}"] for p in phases]
-
-
-@pytest.mark.parametrize("role", SCHEDULER_ROLES)
 def test_writes_managed_record(role: str) -> None:
     text = (ROLES / role / "tasks/configure.yml").read_text()
     assert f"/{role}.json" in text
