@@ -213,12 +213,26 @@ class SlurmLauncher:
             time.sleep(0.2)
         else:
             raise LaunchError(f"job {job.id} neither requeued nor ended within {bound:.0f}s of the node loss")
-        self._sh("scontrol", "update", f"JobId={job.id}", "StartTime=now", check=False)
+        # No `StartTime=now`: Slurm keeps the old credential revoked on the nodes for AuthInfo's
+        # cred_expire (slurm_cred_expire); a requeued job forced to start earlier is killed as
+        # "non-startable: Job credential revoked". The delay is a Slurm setting, not a launcher one.
         deadline = time.monotonic() + 300.0
         while time.monotonic() < deadline:
-            if self.status(job).state == JobState.RUNNING and job.nodes:
+            st = self.status(job)
+            if st.state == JobState.RUNNING and job.nodes:
                 self._resume_drained()  # replaced: the node is back in service (and checkable)
                 return job
+            f = self._fields(job)
+            if int(f.get("Restarts", "0") or 0) > restarts and f.get("JobState") in (
+                "FAILED",
+                "CANCELLED",
+                "NODE_FAIL",
+                "BOOT_FAIL",
+            ):
+                raise LaunchError(
+                    f"job {job.id} was requeued but its next start failed ({f.get('JobState')}, "
+                    f"{f.get('Reason', '')}); see slurmctld.log"
+                )
             time.sleep(0.2)
         raise LaunchError(f"job {job.id} was requeued but did not start again within 300s")
 
