@@ -15,6 +15,22 @@ class ExitCode(IntEnum):
     FAILURE = 1
     BAD_ARGS = 2  # argparse / a flag this build cannot honour
     REQUEUE = 75  # EX_TEMPFAIL: checkpointed after SIGUSR1/SIGTERM, requeue me
+    # 76 is the agent's NODE_LOST (lcm_runner.launch.agent.AgentExit)
+    NONFINITE = 77  # NaN/Inf loss or grad norm beyond the skip budget: `latest` rewound, restart from it
+    NO_GOOD_CHECKPOINT = 78  # checkpoints exist but none verifies: stop, never start from scratch
+    NONFINITE_REPEATED = 79  # non-finite again after every allowed rewind: deterministic, stop
+    CKPT_SAVE_FAILED = 80  # a save failed (e.g. ENOSPC): `latest` unchanged, partial removed, stop
+
+
+# Exit codes after which a restart would fail the same way (the agent stops, the sbatch does not requeue).
+FATAL_EXIT_CODES = frozenset(
+    {
+        int(ExitCode.BAD_ARGS),
+        int(ExitCode.NO_GOOD_CHECKPOINT),
+        int(ExitCode.NONFINITE_REPEATED),
+        int(ExitCode.CKPT_SAVE_FAILED),
+    }
+)
 
 
 # Telemetry: JSON Lines, <run_dir>/telemetry/rank<R>.jsonl, one record per line, flushed per line.
@@ -26,6 +42,11 @@ EVENT_CKPT_END = "ckpt_end"  # step, blocking_s, total_s, bytes, path
 EVENT_RESUME = "resume"  # step, load_s, path
 EVENT_SIGNAL = "signal"  # name
 EVENT_EXIT = "exit"  # code, reason
+EVENT_NONFINITE = "nonfinite"  # step, what (loss|grad_norm), skipped (count so far), ranks
+EVENT_CKPT_REJECTED = "ckpt_rejected"  # step, path, file, reason (a checkpoint that failed verification)
+EVENT_CKPT_GOOD = "ckpt_good"  # step: the checkpoint verified and training made healthy progress from it
+EVENT_CKPT_FAILED = "ckpt_failed"  # step, path, reason (a save that did not complete)
+EVENT_REWIND = "rewind"  # from_step, to_step, reason (latest moved back to a known-good checkpoint)
 
 TELEMETRY_DIR = "telemetry"
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's tracker file

@@ -235,7 +235,10 @@ def sbatch_text(
             mounts.append(f"{run_dir}:{run_dir}")
         mounts += [m for m in cfg.container_mounts if m not in mounts]
         container = {"image": cfg.container_image, "mounts": ",".join(mounts), "workdir": str(run_dir)}
-    requeue_names = {int(ExitCode.REQUEUE): "ExitCode.REQUEUE: checkpointed after SIGUSR1/SIGTERM"}
+    requeue_names = {
+        int(ExitCode.REQUEUE): "ExitCode.REQUEUE: checkpointed after SIGUSR1/SIGTERM",
+        int(ExitCode.NONFINITE): "ExitCode.NONFINITE: NaN/Inf, latest rewound to the newest known-good",
+    }
     if cfg.agent == "lcm":
         requeue_names[NODE_LOST] = "NODE_LOST: a peer node vanished"
     argv = agent_command(cfg, run_dir, train_args)

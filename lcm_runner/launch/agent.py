@@ -40,7 +40,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lcm_runner.contracts import ExitCode
+from lcm_runner.contracts import FATAL_EXIT_CODES, ExitCode
 from lcm_runner.launch import procs, zygote
 
 
@@ -152,6 +152,7 @@ class Agent:
         self.workers: list[_Worker] = []
         self.pending_signal: int | None = None
         self.forwarded = False
+        self.fatal_code = 0  # the trainer exit code that ended the job for good (FATAL_EXIT_CODES)
         self._reaped: dict[int, int] = {}
         self._hb_next = 0.0
         self._hb_last = 0.0
@@ -384,9 +385,14 @@ class Agent:
             for w in self.workers:
                 if w.code is None and w.pid in self._reaped:
                     w.code = self._reaped[w.pid]
-                    if w.code == int(ExitCode.BAD_ARGS):
-                        # the trainer refused its arguments: every restart would do the same
-                        detail = f"node{self.cfg.node_rank} rank{w.rank} exited {w.code} (bad arguments)"
+                    if w.code in FATAL_EXIT_CODES:
+                        # bad arguments, no checkpoint that verifies, repeated NaN, a failed save:
+                        # every restart would end the same way
+                        self.fatal_code = w.code
+                        detail = (
+                            f"node{self.cfg.node_rank} rank{w.rank} exited {w.code} "
+                            f"({_code_name(w.code)}, fatal)"
+                        )
                         self.ev.emit("failure", gen=self.gen, source="local", rank=w.rank, code=w.code)
                         return "fatal", detail
                     if w.code != 0 and not self.forwarded:
@@ -416,7 +422,10 @@ class Agent:
                 if self.store.check([key]):
                     detail = self.store.get(key).decode()
                     self.ev.emit("failure", gen=self.gen, source="remote", detail=detail)
-                    return ("fatal" if detail.endswith("(bad arguments)") else "restart"), detail
+                    if detail.endswith(", fatal)"):
+                        self.fatal_code = _fatal_code_of(detail)
+                        return "fatal", detail
+                    return "restart", detail
                 beat_due = now >= self._hb_next
                 lost = self._heartbeat()
                 if lost:
@@ -504,8 +513,9 @@ class Agent:
                 return int(AgentExit.FAILURE)
             if outcome == "fatal":
                 self.store.compare_set(f"restart/{self.gen}", "", detail)  # the others stop too
-                self.ev.emit("exit", code=int(AgentExit.BAD_ARGS), reason=detail)
-                return int(AgentExit.BAD_ARGS)
+                code = self.fatal_code or int(AgentExit.BAD_ARGS)
+                self.ev.emit("exit", code=code, reason=detail)
+                return code
             if outcome == "lost":
                 peer = int(self.store.get(f"lost_rank/{self.gen}").decode())
                 if self.gen < c.max_restarts and self._request_takeover(peer, self.gen + 1):
@@ -517,6 +527,21 @@ class Agent:
                 self.ev.emit("exit", code=int(AgentExit.FAILURE), reason=f"restarts spent: {detail}")
                 return int(AgentExit.FAILURE)
             self.gen += 1
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ExitCode(code).name
+    except ValueError:
+        return f"exit {code}"
+
+
+def _fatal_code_of(detail: str) -> int:
+    """The exit code in a peer's "nodeN rankR exited C (NAME, fatal)" detail."""
+    try:
+        return int(detail.split(" exited ", 1)[1].split()[0])
+    except (IndexError, ValueError):
+        return int(AgentExit.BAD_ARGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
