@@ -25,7 +25,7 @@ from lcm_runner.launch.base import AGENTS, LaunchError
 
 STAGE_COMMANDS = ("baseline", "resume", "fault", "nccl-profile", "all")
 # Modules of the other parts that expose add_parser(subparsers); registered when importable.
-EXTERNAL = ("lcm_runner.render", "lcm_runner.report", "lcm_runner.train.cli")
+EXTERNAL = ("lcm_runner.render", "lcm_runner.report", "lcm_runner.train.cli", "lcm_runner.ckpt.cli")
 
 
 class UsageError(ValueError):

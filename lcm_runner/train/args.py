@@ -63,6 +63,11 @@ class TrainArgs:
     async_save: bool
     no_load_optim: bool
     no_load_rng: bool
+    ckpt_good_after_steps: int
+    # numerical guard
+    check_for_nan_in_loss_and_grad: bool
+    max_nonfinite_skips: int
+    max_nonfinite_rewinds: int
     # runtime
     device: str
     distributed_timeout_minutes: float
@@ -76,6 +81,9 @@ class TrainArgs:
     fault_kill_rank: int
     fault_crash_in_save: int
     fault_crash_rank: int
+    fault_nan_steps: list[int]
+    fault_nan_rank: int
+    fault_nan_attempts: int
 
     @property
     def tp(self) -> int:
@@ -158,6 +166,32 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--async-save", action="store_true", help="write shards in a background process")
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument(
+        "--ckpt-good-after-steps",
+        type=int,
+        default=5,
+        help="healthy steps after a checkpoint that make it known-good (retention always keeps the newest)",
+    )
+    g = p.add_argument_group("numerical guard")
+    g.add_argument(
+        "--no-check-for-nan-in-loss-and-grad",
+        dest="check_for_nan_in_loss_and_grad",
+        action="store_false",
+        help="do not check loss and gradients for NaN/Inf before each optimizer step",
+    )
+    g.add_argument(
+        "--max-nonfinite-skips",
+        type=int,
+        default=3,
+        help="skip up to N steps with a NaN/Inf loss or gradient, then rewind latest to the newest "
+        "known-good checkpoint and exit 77 (NONFINITE) for a restart from it",
+    )
+    g.add_argument(
+        "--max-nonfinite-rewinds",
+        type=int,
+        default=2,
+        help="rewinds to the same known-good checkpoint before exiting 79 (NONFINITE_REPEATED, no restart)",
+    )
     g = p.add_argument_group("runtime")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument(
@@ -197,7 +231,30 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="hard-exit a rank after its shards of this step's checkpoint are written, before it completes",
     )
     g.add_argument("--fault-crash-rank", type=int, default=0)
+    g.add_argument(
+        "--fault-nan-steps",
+        type=_step_list,
+        default=[],
+        help="comma-separated steps whose loss (and so gradients) become NaN on --fault-nan-rank",
+    )
+    g.add_argument("--fault-nan-rank", type=int, default=0)
+    g.add_argument(
+        "--fault-nan-attempts",
+        type=int,
+        default=0,
+        help="inject the NaNs only in the first N attempts (restarts); 0: in every attempt (a bad batch)",
+    )
     return p
+
+
+def _step_list(text: str) -> list[int]:
+    try:
+        steps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated step numbers") from None
+    if any(s <= 0 for s in steps):
+        raise argparse.ArgumentTypeError(f"{text!r}: steps start at 1")
+    return steps
 
 
 def from_namespace(ns: argparse.Namespace) -> TrainArgs:
@@ -270,6 +327,11 @@ def validate_static(args: TrainArgs) -> None:
         )
     if args.save_interval < 0 or args.keep_last < 0:
         raise ArgError("--save-interval and --keep-last must be >= 0")
+    for name in ("max_nonfinite_skips", "max_nonfinite_rewinds", "fault_nan_attempts"):
+        if getattr(args, name) < 0:
+            raise ArgError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})")
+    if args.ckpt_good_after_steps < 1:
+        raise ArgError(f"--ckpt-good-after-steps must be >= 1 (got {args.ckpt_good_after_steps})")
     if args.save_interval and not args.save:
         raise ArgError("--save-interval needs --save")
     if args.async_save and not args.save:

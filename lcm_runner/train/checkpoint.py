@@ -16,7 +16,7 @@ writers are done, polled after every step. `latest` never names a checkpoint tha
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import shutil
 import time
@@ -27,9 +27,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lcm_runner.ckpt import catalog, integrity
+from lcm_runner.ckpt.catalog import complete_steps, read_latest, write_latest_atomically
+from lcm_runner.ckpt.integrity import COMPLETE_MARKER, IntegrityError
 from lcm_runner.contracts import (
     EVENT_CKPT_BEGIN,
     EVENT_CKPT_END,
+    EVENT_CKPT_FAILED,
+    EVENT_CKPT_GOOD,
+    EVENT_CKPT_REJECTED,
     EVENT_RESUME,
     LATEST_FILE,
     ExitCode,
@@ -38,49 +44,55 @@ from lcm_runner.contracts import (
 
 from .telemetry import TelemetryWriter
 
-COMPLETE_MARKER = "lcm_complete.json"
+__all__ = [
+    "COMPLETE_MARKER",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointSaveFailed",
+    "NoGoodCheckpoint",
+    "complete_steps",
+    "read_latest",
+    "write_latest_atomically",
+]
 
 
 class CheckpointError(RuntimeError):
     pass
 
 
-def read_latest(ckpt_dir: str | Path) -> int | None:
-    """The step named by <dir>/latest_checkpointed_iteration.txt, or None when there is none."""
-    p = Path(ckpt_dir) / LATEST_FILE
-    if not p.is_file():
-        return None
-    text = p.read_text().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"{p}: expected a step number, found {text!r}")
-    return int(text)
+class CheckpointSaveFailed(CheckpointError):
+    """A save that did not complete (ENOSPC, I/O error, a rank's writer failed): `latest` unchanged."""
+
+    def __init__(self, step: int, path: Path, cause: str):
+        super().__init__(f"checkpoint {path.name} failed: {cause}")
+        self.step, self.path, self.cause = step, path, cause
 
 
-def write_latest_atomically(ckpt_dir: Path, step: int) -> None:
-    tmp = ckpt_dir / f".{LATEST_FILE}.tmp"
-    with open(tmp, "w") as f:
-        f.write(f"{step}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ckpt_dir / LATEST_FILE)
-    dfd = os.open(ckpt_dir, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+class NoGoodCheckpoint(CheckpointError):
+    """Checkpoints exist but none verifies: the trainer stops (ExitCode.NO_GOOD_CHECKPOINT)."""
+
+
+def describe_cause(exc: BaseException) -> str:
+    """One line for an exception chain: the OS error (with its errno name) where there is one."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno:
+            name = errno.errorcode.get(cur.errno, str(cur.errno))
+            where = f" ({cur.filename})" if cur.filename else ""
+            return f"{cur.strerror} [{name}]{where}"
+        cur = cur.__cause__ or cur.__context__
+    text = str(exc)
+    for code, name in ((errno.ENOSPC, "ENOSPC"), (errno.EDQUOT, "EDQUOT"), (errno.EIO, "EIO")):
+        if os.strerror(code) in text:
+            return f"{os.strerror(code)} [{name}]"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
 
 
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def complete_steps(ckpt_dir: Path) -> list[int]:
-    """Steps with a complete (marker-bearing) iter_ directory, ascending."""
-    out = []
-    for d in ckpt_dir.glob("iter_*"):
-        if d.is_dir() and (d / COMPLETE_MARKER).is_file() and d.name[5:].isdigit():
-            out.append(int(d.name[5:]))
-    return sorted(out)
 
 
 @dataclass
@@ -105,8 +117,12 @@ class CheckpointManager:
     telemetry: TelemetryWriter
     device: str
     fault: Fault = field(default_factory=Fault)
+    good_after_steps: int = 5  # healthy steps after a checkpoint that make it known-good
+    algorithm: str = integrity.DEFAULT_ALGORITHM
     _queue: Any = None
     _pending: dict[int, tuple[float, bool]] = field(default_factory=dict)
+    _in_flight: int | None = None
+    _candidates: dict[int, int] = field(default_factory=dict)  # checkpoint step -> healthy steps since
 
     def __post_init__(self) -> None:
         self.rank = dist.get_rank()
@@ -152,9 +168,23 @@ class CheckpointManager:
             torch.cuda.set_rng_state(rng["cuda"])
             get_cuda_rng_tracker().set_states(rng["tracker"])
 
+    # ---- collectives of small values -----------------------------------------------------------
+    def _all_ok(self, ok: bool) -> bool:
+        t = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        if self.device == "cuda":
+            t = t.cuda()
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item()) == 1
+
+    def _from_rank0(self, value: Any) -> Any:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     # ---- save ----------------------------------------------------------------------------------
     def save(self, built: Any, step: int, meta: dict[str, Any], force_sync: bool = False) -> None:
-        """Save step `step`. Returns once the blocking part is done (async) or everything is (sync)."""
+        """Save step `step`. Returns once the blocking part is done (async) or everything is (sync).
+        Raises CheckpointSaveFailed (on every rank) when the save cannot complete."""
         from megatron.core import dist_checkpointing
 
         assert self.save_dir is not None
@@ -162,52 +192,93 @@ class CheckpointManager:
         path = self.save_dir / iter_dir_name(step)
         t0 = time.time()
         self.telemetry.emit(EVENT_CKPT_BEGIN, step=step, path=str(path), durable=True)
+        problem = ""
         if self.rank == 0:
-            if path.exists():  # a leftover of a crashed save of the same step: start clean
-                shutil.rmtree(path)
-            path.mkdir(parents=True)
-        dist.barrier()
+            try:
+                if path.exists():  # a leftover of a crashed or rejected save of the same step
+                    if read_latest(self.save_dir) == step:
+                        raise CheckpointError(f"{path} is the checkpoint latest names: not overwriting it")
+                    shutil.rmtree(path)
+                path.mkdir(parents=True)
+            except (OSError, CheckpointError) as e:
+                problem = describe_cause(e)
+        problem = self._from_rank0(problem)
+        if problem:
+            self._fail(step, path, problem)
         state = self._sharded_state(built, step, is_loading=False, meta=meta)
         use_async = self.async_save and not force_sync
-        req = dist_checkpointing.save(state, str(path), async_sharded_save=use_async, async_strategy="mcore")
-        if use_async:
-            req.finalize_fns.append(lambda: self._complete(step, path, t0))
-            self._queue.schedule_async_request(req)
-            self._pending[step] = (time.time() - t0, True)
-        else:
-            self._pending[step] = (time.time() - t0, False)
-            self._complete(step, path, t0)
+        self._in_flight = step
+        try:
+            req = dist_checkpointing.save(state, str(path), async_sharded_save=True, async_strategy="mcore")
+            req = req._replace(
+                async_fn=integrity.hashing_writer(req.async_fn, path, self.rank, self.algorithm)
+            )
+            if use_async:
+                req.finalize_fns.append(lambda: self._complete(step, path, t0))
+                self._queue.schedule_async_request(req)
+                self._pending[step] = (time.time() - t0, True)
+                return
+            req.execute_sync()  # the same writer function in this process, then the finalize fns
+        except CheckpointSaveFailed:
+            raise
+        except Exception as e:
+            self._fail(step, path, describe_cause(e))
+        self._pending[step] = (time.time() - t0, False)
+        self._complete(step, path, t0)
 
     def finalize(self, blocking: bool = False) -> None:
         """Complete finished async saves (all ranks must call it at the same points)."""
         if self._queue is not None and self._queue.get_num_unfinalized_calls():
-            self._queue.maybe_finalize_async_calls(blocking=blocking)
+            try:
+                self._queue.maybe_finalize_async_calls(blocking=blocking)
+            except CheckpointSaveFailed:
+                raise
+            except Exception as e:
+                step = self._in_flight if self._in_flight is not None else -1
+                assert self.save_dir is not None
+                self._fail(step, self.save_dir / iter_dir_name(step), describe_cause(e))
 
     def pending(self) -> bool:
         return self._queue is not None and self._queue.get_num_unfinalized_calls() > 0
 
+    def _fail(self, step: int, path: Path, cause: str) -> None:
+        """Every rank: record the failed save, remove its partial directory (rank 0), raise."""
+        self._in_flight = None
+        self._pending.pop(step, None)
+        keep = self.save_dir is None or read_latest(self.save_dir) == step
+        if self.rank == 0 and path.is_dir() and not keep:
+            shutil.rmtree(path, ignore_errors=True)
+        self.telemetry.emit(EVENT_CKPT_FAILED, step=step, path=str(path), reason=cause, durable=True)
+        raise CheckpointSaveFailed(step, path, cause)
+
     def _complete(self, step: int, path: Path, t0: float) -> None:
         self.fault.maybe_crash(step, self.rank)
-        mine = list(path.glob(f"__{self.rank}_*.distcp"))
-        ok = torch.tensor([1 if mine and all(f.stat().st_size > 0 for f in mine) else 0], dtype=torch.int32)
-        if self.rank == 0 and not ((path / "metadata.json").is_file() and (path / ".metadata").is_file()):
-            ok[0] = 0
-        if self.device == "cuda":
-            ok = ok.cuda()
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if int(ok.item()) != 1:
-            raise CheckpointError(f"checkpoint {path} failed verification on some rank; latest not moved")
+        assert self.save_dir is not None
+        # every rank's writer recorded its shards' digests; rank 0 checks the set and writes the marker
+        problem = ""
         nbytes = 0
         if self.rank == 0:
-            nbytes = dir_bytes(path)
-            marker = path / COMPLETE_MARKER
-            with open(marker, "w") as f:
-                json.dump({"step": step, "bytes": nbytes, "world_size": self.world, "ts": time.time()}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            write_latest_atomically(path.parent, step)
-            self._prune(path.parent, step)
+            try:
+                manifest = integrity.build_manifest(
+                    path, self.world, step, self.algorithm, extra={"ts": time.time()}
+                )
+                integrity.fsync_write_json(path / COMPLETE_MARKER, manifest)
+                nbytes = int(manifest["bytes"])
+                write_latest_atomically(self.save_dir, step)
+            except IntegrityError as e:
+                problem = f"{e.file}: {e.reason}"
+            except OSError as e:
+                problem = describe_cause(e)
+        problem = self._from_rank0(problem)
+        if problem:
+            if self.rank == 0:
+                (path / COMPLETE_MARKER).unlink(missing_ok=True)
+            self._fail(step, path, problem)
+        if self.rank == 0:
+            self._prune(self.save_dir, step)
         dist.barrier()
+        self._in_flight = None
+        self._candidates[step] = 0
         blocking, was_async = self._pending.pop(step, (time.time() - t0, False))
         total = time.time() - t0
         if not was_async:
@@ -220,39 +291,123 @@ class CheckpointManager:
             bytes=nbytes if self.rank == 0 else dir_bytes(path),
             path=str(path),
             asynchronous=was_async,
+            algorithm=self.algorithm,
             durable=True,
         )
 
     def _prune(self, ckpt_dir: Path, latest: int) -> None:
-        if self.keep_last <= 0:
+        in_flight = {self._in_flight} if self._in_flight is not None and self._in_flight != latest else set()
+        for s in catalog.retention_plan(ckpt_dir, self.keep_last, latest, in_flight):
+            shutil.rmtree(ckpt_dir / iter_dir_name(s), ignore_errors=True)
+
+    # ---- known-good ----------------------------------------------------------------------------
+    def note_step(self, step: int, healthy: bool, loss: float) -> None:
+        """After every step (all ranks, same `healthy`): a checkpoint followed by `good_after_steps`
+        healthy steps becomes known-good; a non-finite step leaves the pending ones unproven."""
+        if not healthy:
+            self._candidates.clear()
             return
-        keep = set(complete_steps(ckpt_dir)[-self.keep_last :]) | {latest}
-        for d in ckpt_dir.glob("iter_*"):
-            if not d.is_dir() or not d.name[5:].isdigit():
+        done = []
+        for s in self._candidates:
+            if step > s:
+                self._candidates[s] += 1
+                if self._candidates[s] >= self.good_after_steps:
+                    done.append(s)
+        for s in done:
+            n = self._candidates.pop(s)
+            d = self.save_dir or self.load_dir
+            if d is None or not (d / iter_dir_name(s) / COMPLETE_MARKER).is_file():
                 continue
-            step = int(d.name[5:])
-            # complete ones beyond N, and incomplete leftovers older than latest (never a save in flight)
-            if step not in keep and step < latest:
-                shutil.rmtree(d, ignore_errors=True)
+            if self.rank == 0:
+                try:
+                    catalog.mark_known_good(d, s, n, step, loss)
+                except OSError as e:
+                    print(f"lcm-train: could not mark {iter_dir_name(s)} known-good: {e}", flush=True)
+                    continue
+                self.telemetry.emit(EVENT_CKPT_GOOD, step=s, healthy_steps=n, through_step=step, durable=True)
 
     # ---- load ----------------------------------------------------------------------------------
+    def _verify(self, path: Path) -> tuple[bool, str, str, bool]:
+        """All ranks check a slice of the checkpoint's files each; (ok, file, reason, legacy) everywhere."""
+        v = integrity.verify_checkpoint(path, part=self.rank, parts=self.world)
+        mine = v.problems[:1]
+        found: list[Any] = [None] * self.world
+        dist.all_gather_object(found, (mine, v.legacy))
+        problems = [p for ps, _ in found for p in ps]
+        legacy = any(lg for _, lg in found)
+        if problems:
+            return False, problems[0][0], problems[0][1], legacy
+        return True, "", "", legacy
+
+    def _choose(self) -> tuple[int, Path] | None:
+        """The newest checkpoint at or below `latest` that verifies; rejects (and records) the others.
+        None: nothing to resume from (a fresh run). Raises NoGoodCheckpoint when checkpoints exist but
+        none verifies."""
+        d = self.load_dir
+        assert d is not None
+        problem = ""
+        try:
+            latest = read_latest(d)
+        except CheckpointError as e:
+            latest, problem = None, str(e)
+        complete = complete_steps(d)
+        if latest is None and not complete:
+            if self.rank == 0 and (incomplete := catalog.iter_steps(d)):
+                print(
+                    f"lcm-train: {d}: only incomplete checkpoints ({', '.join(map(str, incomplete))}); "
+                    "starting from step 0",
+                    flush=True,
+                )
+            if problem:
+                raise NoGoodCheckpoint(f"{problem}, and no complete checkpoint in {d}")
+            return None
+        order = sorted((s for s in complete if latest is None or s <= latest), reverse=True)
+        rejected: list[str] = []
+        if latest is not None and latest not in order:
+            why = "incomplete (no lcm_complete.json)" if (d / iter_dir_name(latest)).is_dir() else "missing"
+            if catalog.is_rejected(d / iter_dir_name(latest)):
+                why = "rejected earlier"
+            rejected.append(f"{iter_dir_name(latest)}: {why}")
+            if self.rank == 0:
+                print(f"lcm-train: {LATEST_FILE} names step {latest}, which is {why}", flush=True)
+        for s in order:
+            path = d / iter_dir_name(s)
+            ok, file, reason, legacy = self._verify(path)
+            if ok:
+                if legacy and self.rank == 0:
+                    print(
+                        f"lcm-train: {path.name} has no checksums (written before them): loading unverified"
+                    )
+                if latest != s:
+                    if self.rank == 0:
+                        write_latest_atomically(d, s)
+                        print(f"lcm-train: falling back to {path.name} (verified); latest now names it")
+                    dist.barrier()
+                return s, path
+            rejected.append(f"{path.name}: {file}: {reason}")
+            if self.rank == 0:
+                print(f"lcm-train: checkpoint {path} rejected: {file}: {reason}", flush=True)
+                catalog.mark_rejected(d, s, file, reason)
+            self.telemetry.emit(
+                EVENT_CKPT_REJECTED, step=s, path=str(path), file=file, reason=reason, durable=True
+            )
+        raise NoGoodCheckpoint(f"no checkpoint in {d} verifies: " + "; ".join(rejected))
+
     def load_latest(
         self, built: Any, load_optim: bool = True, load_rng: bool = True
     ) -> tuple[int, dict[str, Any]]:
-        """Load <load_dir>/latest into the model (and optimizer, RNG). Returns (step, lcm meta); (0, {})."""
+        """Verify, then load the newest good checkpoint (model, optimizer, RNG). Returns (step, lcm
+        meta); (0, {}) for a fresh run. Raises NoGoodCheckpoint."""
         from megatron.core import dist_checkpointing
 
         if self.load_dir is None:
             return 0, {}
-        step = read_latest(self.load_dir)
-        if step is None:
-            return 0, {}
-        path = self.load_dir / iter_dir_name(step)
-        if not (path / "metadata.json").is_file():
-            raise CheckpointError(
-                f"{self.load_dir / LATEST_FILE} names step {step} but {path} is not a checkpoint"
-            )
         t0 = time.time()
+        chosen = self._choose()
+        if chosen is None:
+            return 0, {}
+        step, path = chosen
+        verify_s = time.time() - t0
         template = self._sharded_state(built, step, is_loading=True, meta={})
         if not load_optim:
             template.pop("optimizer")
@@ -270,7 +425,13 @@ class CheckpointManager:
             torch.cuda.synchronize()
         dist.barrier()
         load_s = time.time() - t0
+        if not catalog.is_known_good(path):
+            self._candidates[step] = 0
         self.telemetry.emit(
-            EVENT_RESUME, step=int(state["iteration"]), load_s=round(load_s, 6), path=str(path)
+            EVENT_RESUME,
+            step=int(state["iteration"]),
+            load_s=round(load_s, 6),
+            verify_s=round(verify_s, 6),
+            path=str(path),
         )
         return int(state["iteration"]), dict(state.get("lcm") or {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import signal
 import socket
@@ -16,7 +17,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lcm_runner.contracts import EVENT_EXIT, EVENT_SIGNAL, EVENT_START, EVENT_STEP, ExitCode
+from lcm_runner.contracts import (
+    EVENT_EXIT,
+    EVENT_NONFINITE,
+    EVENT_REWIND,
+    EVENT_SIGNAL,
+    EVENT_START,
+    EVENT_STEP,
+    ExitCode,
+)
 
 from . import cpu_compat
 from .args import ArgError, TrainArgs, resolve_telemetry_dir, validate_world
@@ -91,6 +100,7 @@ class StepResult:
     step_time_s: float
     comm_time_s: float
     grad_norm: float | None
+    nonfinite: str = ""  # "loss", "grad", "loss+grad": the guard skipped this step's update
 
 
 class Trainer:
@@ -100,6 +110,7 @@ class Trainer:
         from . import model as model_mod
         from .checkpoint import CheckpointManager, Fault
         from .data import make_source
+        from .guard import NumericalGuard
 
         self.args, self.device, self.dp, self.tel = args, device, dp, tel
         self.ps = ps
@@ -128,6 +139,12 @@ class Trainer:
             telemetry=tel,
             device=device,
             fault=Fault(args.fault_crash_in_save, args.fault_crash_rank),
+            good_after_steps=args.ckpt_good_after_steps,
+        )
+        self.guard = (
+            NumericalGuard(args.max_nonfinite_skips, args.max_nonfinite_rewinds, dev)
+            if args.check_for_nan_in_loss_and_grad
+            else None
         )
 
     def meta(self) -> dict[str, Any]:
@@ -147,7 +164,15 @@ class Trainer:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def train_step(self, step: int) -> StepResult:
+    def _inject_nan(self, step: int, attempt: int) -> bool:
+        a = self.args
+        return (
+            step in a.fault_nan_steps
+            and self.rank == a.fault_nan_rank
+            and (a.fault_nan_attempts == 0 or attempt < a.fault_nan_attempts)
+        )
+
+    def train_step(self, step: int, attempt: int = 0) -> StepResult:
         from megatron.core.distributed import finalize_model_grads
 
         b = self.built
@@ -155,12 +180,15 @@ class Trainer:
         b.model.zero_grad_buffer()
         b.optimizer.zero_grad()
         total = torch.zeros((), dtype=torch.float32, device=self.dev)
+        poison = self._inject_nan(step, attempt)
         for micro in range(self.num_micro):
             batch = self.source.batch(step, self.dp_rank, micro)
             tokens = batch.tokens.to(self.dev, non_blocking=True)
             labels = batch.labels.to(self.dev, non_blocking=True)
             out = b.model(tokens, self.pos, self.mask, labels=labels)  # per-token CE [b, s]
             loss = out.float().mean() / self.num_micro
+            if poison:
+                loss = loss * float("nan")  # fault injection: a NaN loss, and so NaN gradients
             loss.backward()
             total += loss.detach()
         comm = 0.0
@@ -171,6 +199,11 @@ class Trainer:
         if self.args.measure_comm:
             self._sync()
             comm += time.perf_counter() - tc
+        if self.guard is not None:
+            grads = [p.main_grad for p in b.model.parameters() if getattr(p, "main_grad", None) is not None]
+            verdict = self.guard.check(total, grads)
+            if verdict.bad:  # no optimizer update: the weights stay those of the last healthy step
+                return StepResult(math.nan, time.perf_counter() - t0, comm, None, verdict.what)
         grad_norm: float | None = None
         if b.optimizer_impl == "megatron":
             ok, gn, _ = b.optimizer.step()
@@ -186,6 +219,42 @@ class Trainer:
         value = total.item() / self.dp  # .item() synchronises the device
         comm += time.perf_counter() - tc
         return StepResult(value, time.perf_counter() - t0, comm, grad_norm)
+
+    _last_skipped = False
+
+    def _on_nonfinite(self, step: int, r: StepResult) -> ExitCode | None:
+        """A skipped step: record it; past the budget rewind `latest` and return the exit code."""
+        from .guard import rewind
+
+        assert self.guard is not None
+        self._last_skipped = True
+        self.ckpt.note_step(step, False, r.loss)
+        spent = self.guard.record_skip(step)
+        n, budget = len(self.guard.skipped), self.guard.max_skips
+        self.tel.emit(EVENT_NONFINITE, step=step, what=r.nonfinite, skipped=n, max_skips=budget, durable=True)
+        if self.rank == 0:
+            print(
+                f"lcm-train: step {step}: non-finite {r.nonfinite} on some rank: update and saves skipped "
+                f"({n} of {budget} allowed)",
+                flush=True,
+            )
+        if not spent:
+            return None
+        self.ckpt.finalize(blocking=True)  # a save of an earlier, healthy step may still be in flight
+        verdict: tuple[int, str] | None = None
+        if self.rank == 0:
+            code, reason = rewind(self.ckpt.save_dir, step, self.guard.max_rewinds)
+            verdict = (int(code), reason)
+        box = [verdict]
+        dist.broadcast_object_list(box, src=0)
+        code_i, reason = box[0]  # type: ignore[misc]
+        code = ExitCode(code_i)
+        if self.rank == 0:
+            print(f"lcm-train: {reason}; exit {code_i} ({code.name})", flush=True)
+        if code == ExitCode.NONFINITE:
+            self.tel.emit(EVENT_REWIND, at_step=step, reason=reason, durable=True)
+        self.tel.emit(EVENT_EXIT, code=code_i, reason=reason, durable=True)
+        return code
 
     def stop_requested(self, handler: Any) -> bool:
         flag = torch.tensor([1 if handler is not None and handler.pending() else 0], dtype=torch.int32)
@@ -237,7 +306,13 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
             if a.fault_sleep_ms:
                 time.sleep(a.fault_sleep_ms / 1000.0)
-            r = self.train_step(step)
+            r = self.train_step(step, attempt)
+            if r.nonfinite:
+                code = self._on_nonfinite(step, r)
+                if code is not None:
+                    return code
+                continue
+            self.ckpt.note_step(step, True, r.loss)
             rec: dict[str, Any] = dict(
                 step=step,
                 loss=r.loss,
@@ -269,10 +344,11 @@ class Trainer:
                     durable=True,
                 )
                 return ExitCode.REQUEUE
+            self._last_skipped = False
             if a.save and a.save_interval and step % a.save_interval == 0:
                 self.ckpt.save(self.built, step, self.meta())
                 last_saved = step
-        if a.save and last_saved != a.train_iters and a.train_iters > start:
+        if a.save and last_saved != a.train_iters and a.train_iters > start and not self._last_skipped:
             self.ckpt.save(self.built, a.train_iters, self.meta())
         self.ckpt.finalize(blocking=True)
         self.tel.emit(EVENT_EXIT, code=int(ExitCode.OK), reason="finished", durable=True)
@@ -311,6 +387,8 @@ def run(args: TrainArgs) -> int:
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
+    from .checkpoint import CheckpointSaveFailed, NoGoodCheckpoint, read_latest
+
     attempt = attempt_from_env()
     tel = TelemetryWriter(resolve_telemetry_dir(args), rank, attempt, job_from_env())
     if handler is not None:
@@ -333,6 +411,19 @@ def run(args: TrainArgs) -> int:
         # The default RNG tracker needs CUDA; the "inference" tracker is valid because dropout is 0.
         tensor_parallel.model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=device == "cpu")
         code = Trainer(args, device, dp, tel).run(handler, attempt)
+    except (CheckpointSaveFailed, NoGoodCheckpoint) as e:
+        code = (
+            ExitCode.CKPT_SAVE_FAILED if isinstance(e, CheckpointSaveFailed) else ExitCode.NO_GOOD_CHECKPOINT
+        )
+        if rank == 0:
+            latest = (
+                read_latest(Path(args.save)) if isinstance(e, CheckpointSaveFailed) and args.save else None
+            )
+            tail = f"; latest stays at step {latest}, the partial checkpoint was removed" if latest else ""
+            print(f"lcm-train: {e}{tail}; exit {int(code)} ({code.name})", flush=True)
+        tel.emit(EVENT_EXIT, code=int(code), reason=str(e)[:500], durable=True)
+        tel.close()
+        return int(code)
     except Exception as e:
         traceback.print_exc()
         tel.emit(
