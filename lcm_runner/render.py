@@ -19,7 +19,7 @@ from typing import Any
 
 import jinja2
 
-from lcm_runner.config import ConfigError, RunConfig, load_cluster, load_run_config
+from lcm_runner.config import ConfigError, RunConfig, cluster_problems, load_cluster, load_run_config
 from lcm_runner.contracts import ExitCode
 
 SBATCH_NAME = "train_2node.sbatch"
@@ -136,6 +136,7 @@ def check(cluster: dict[str, Any], cfg: RunConfig) -> list[str]:
             f"time_limit {cfg.time_limit} leaves no time before the SIGUSR1 checkpoint warning "
             f"({SIGNAL_BEFORE_LIMIT_S} s before the limit)"
         )
+    problems += cluster_problems(cfg, cluster)
     return problems
 
 

@@ -79,6 +79,7 @@ class TrainArgs:
     fault_sleep_ms: int
     fault_kill_at_step: int
     fault_kill_rank: int
+    fault_kill_schedule: list[int]
     fault_crash_in_save: int
     fault_crash_rank: int
     fault_nan_steps: list[int]
@@ -224,6 +225,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--fault-kill-at-step", type=int, default=0, help="SIGKILL a rank at this step (attempt 0)"
     )
     g.add_argument("--fault-kill-rank", type=int, default=0)
+    g.add_argument(
+        "--fault-kill-schedule",
+        type=_step_list,
+        default=[],
+        help="comma-separated steps: attempt i SIGKILLs rank (i mod world) at the i-th (many faults)",
+    )
     g.add_argument(
         "--fault-crash-in-save",
         type=int,

@@ -60,6 +60,12 @@ class CheckpointError(RuntimeError):
     pass
 
 
+try:  # torch's CheckpointException derives from BaseException, not Exception
+    from torch.distributed.checkpoint.api import CheckpointException as _CheckpointBaseException
+except ImportError:  # pragma: no cover
+    _CheckpointBaseException = RuntimeError  # type: ignore[assignment,misc]
+
+
 class CheckpointSaveFailed(CheckpointError):
     """A save that did not complete (ENOSPC, I/O error, a rank's writer failed): `latest` unchanged."""
 
@@ -72,17 +78,29 @@ class NoGoodCheckpoint(CheckpointError):
     """Checkpoints exist but none verifies: the trainer stops (ExitCode.NO_GOOD_CHECKPOINT)."""
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception, its causes/contexts, and the per-rank failures a CheckpointException wraps."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        cur = todo.pop(0)
+        if cur is None or any(cur is o for o in out):
+            continue
+        out.append(cur)
+        todo += [c for c in (cur.__cause__, cur.__context__) if c is not None]
+        failures = getattr(cur, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return [e for e in out if isinstance(e, BaseException)]
+
+
 def describe_cause(exc: BaseException) -> str:
     """One line for an exception chain: the OS error (with its errno name) where there is one."""
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
+    for cur in _chain(exc):
         if isinstance(cur, OSError) and cur.errno:
             name = errno.errorcode.get(cur.errno, str(cur.errno))
             where = f" ({cur.filename})" if cur.filename else ""
             return f"{cur.strerror} [{name}]{where}"
-        cur = cur.__cause__ or cur.__context__
     text = str(exc)
     for code, name in ((errno.ENOSPC, "ENOSPC"), (errno.EDQUOT, "EDQUOT"), (errno.EIO, "EIO")):
         if os.strerror(code) in text:
@@ -221,8 +239,8 @@ class CheckpointManager:
             req.execute_sync()  # the same writer function in this process, then the finalize fns
         except CheckpointSaveFailed:
             raise
-        except Exception as e:
-            self._fail(step, path, describe_cause(e))
+        except (Exception, _CheckpointBaseException) as e:
+            self._fail(step, path, self._cause(e, path))
         self._pending[step] = (time.time() - t0, False)
         self._complete(step, path, t0)
 
@@ -233,13 +251,38 @@ class CheckpointManager:
                 self._queue.maybe_finalize_async_calls(blocking=blocking)
             except CheckpointSaveFailed:
                 raise
-            except Exception as e:
+            except (Exception, _CheckpointBaseException) as e:
                 step = self._in_flight if self._in_flight is not None else -1
                 assert self.save_dir is not None
-                self._fail(step, self.save_dir / iter_dir_name(step), describe_cause(e))
+                path = self.save_dir / iter_dir_name(step)
+                self._fail(step, path, self._cause(e, path))
 
     def pending(self) -> bool:
         return self._queue is not None and self._queue.get_num_unfinalized_calls() > 0
+
+    def _cause(self, e: BaseException, path: Path) -> str:
+        """describe_cause, and where the writers lost the OS error (megatron keeps only its class), what
+        the filesystem says: less room left than one checkpoint takes is a full disk."""
+        cause = describe_cause(e)
+        if "[E" in cause or self.save_dir is None:
+            return cause
+        try:
+            st = os.statvfs(self.save_dir)
+        except OSError:
+            return cause
+        free = st.f_bavail * st.f_frsize
+        done = complete_steps(self.save_dir)
+        need = 0
+        if done:
+            marker = integrity.read_marker(self.save_dir / iter_dir_name(done[-1])) or {}
+            need = int(marker.get("bytes") or 0)
+        need = max(need, dir_bytes(path) if path.is_dir() else 0)
+        if need and free < need:
+            return (
+                f"{os.strerror(errno.ENOSPC)} [ENOSPC]: {free} bytes free on the checkpoint filesystem "
+                f"of {self.save_dir}, a checkpoint takes {need} ({cause})"
+            )
+        return cause
 
     def _fail(self, step: int, path: Path, cause: str) -> None:
         """Every rank: record the failed save, remove its partial directory (rank 0), raise."""

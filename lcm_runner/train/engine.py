@@ -115,6 +115,7 @@ class Trainer:
         self.args, self.device, self.dp, self.tel = args, device, dp, tel
         self.ps = ps
         self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
         self.dp_rank = ps.get_data_parallel_rank()
         gbs = args.global_batch_size or args.micro_batch_size * dp
         self.global_batch = gbs
@@ -298,7 +299,11 @@ class Trainer:
             )
         last_saved = start
         for step in range(start + 1, a.train_iters + 1):
-            if a.fault_kill_at_step == step and attempt == 0 and self.rank == a.fault_kill_rank:
+            sched = a.fault_kill_schedule
+            scheduled = attempt < len(sched) and sched[attempt] == step and self.rank == attempt % self.world
+            if scheduled or (
+                a.fault_kill_at_step == step and attempt == 0 and self.rank == a.fault_kill_rank
+            ):
                 print(
                     f"[rank{self.rank}] fault injection: SIGKILL at step {step} t={time.time():.3f}",
                     flush=True,

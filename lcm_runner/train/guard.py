@@ -78,10 +78,12 @@ def rewind(save_dir: Path | None, step: int, max_rewinds: int) -> tuple[ExitCode
     state = read_guard_state(save_dir)
     done = int(state.setdefault("rewinds", {}).get(str(good), 0))
     if done >= max_rewinds:
+        if catalog.read_latest(save_dir) != good:  # an operator resumes from known-good, not the suspect
+            catalog.write_latest_atomically(save_dir, good)
         return (
             ExitCode.NONFINITE_REPEATED,
             f"non-finite values at step {step} again after {done} rewind(s) to iter {good}: "
-            "deterministic, not restarting",
+            f"deterministic, not restarting (latest names known-good {good})",
         )
     state["rewinds"][str(good)] = done + 1
     state.setdefault("history", []).append({"ts": time.time(), "at_step": step, "to_step": good})
