@@ -16,12 +16,19 @@ from typing import Any
 
 import yaml
 
+from lcm_runner.spec.safe import COMMAND_RE, PARTITION_RE, path_inside, path_problem
+
 LAUNCHERS = ("slurm", "torchrun")
 AGENTS = ("torchrun", "lcm")  # the per-node agent: stock torchrun, or lcm_runner.launch.agent
 FAULT_CASES = ("trainer_kill", "node_loss", "torchrun_restart_ref", "floor")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# Values below become shell words, Slurm options and file names (the run dir, the job name lcm-<name>);
+# they are matched whole (fullmatch: no trailing newline slips through).
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_IMAGE = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_.:/#@+-]*")  # nvcr.io#nvidia/pytorch:25.01-py3, /x.sqsh
+_MOUNT_FLAGS = re.compile(r"[A-Za-z0-9_=+-]+")  # ro, rw, x-create=dir, ro+rprivate
 
 # The module's SLOs (module 09, "Measure it") and the lab's extra checks.
 DEFAULT_NCCL_FRACTION_MAX = 0.30
@@ -264,8 +271,25 @@ def validate(cfg: RunConfig) -> list[str]:
     """Every problem of a (type-correct) config, as `key: why`."""
     p: list[str] = []
     m = cfg.model
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", cfg.name):
-        p.append(f"name: {cfg.name!r} must be letters, digits, '.', '_' or '-' (it names the run dir)")
+    if not _RUN_NAME.fullmatch(cfg.name):
+        p.append(
+            f"name: {cfg.name!r} must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (it names the run dir and the Slurm job)"
+        )
+    if cfg.partition is not None and not PARTITION_RE.fullmatch(cfg.partition):
+        p.append(
+            f"partition: {cfg.partition!r} must be a Slurm partition name (a lowercase letter, then "
+            "lowercase letters, digits, '_' or '-')"
+        )
+    if cfg.checkpoint_dir is not None:
+        why = path_problem(cfg.checkpoint_dir)
+        if why:
+            p.append(f"checkpoint_dir: {cfg.checkpoint_dir!r} must be {why}")
+    if not COMMAND_RE.fullmatch(cfg.python) and path_problem(cfg.python):
+        p.append(
+            f"python: {cfg.python!r} must be a command name (letters, digits, '_', '.', '+', '-') or "
+            f"{path_problem(cfg.python)}"
+        )
     if cfg.launcher not in LAUNCHERS:
         p.append(f"launcher: {cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
     if cfg.agent not in AGENTS:
@@ -287,7 +311,7 @@ def validate(cfg: RunConfig) -> list[str]:
             f"save_interval: {cfg.save_interval} exceeds train_iters={cfg.train_iters}: "
             "nothing would be saved"
         )
-    if not _SLURM_TIME.match(cfg.time_limit):
+    if not _SLURM_TIME.fullmatch(cfg.time_limit):
         p.append(f"time_limit: {cfg.time_limit!r} is not a Slurm time (HH:MM:SS, D-HH:MM:SS or minutes)")
     if not 1024 <= cfg.master_port <= 65535:
         p.append(f"master_port: {cfg.master_port} must be in 1024..65535")
@@ -297,9 +321,13 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"rdzv_join_timeout_s: {cfg.rdzv_join_timeout_s} is too short for a rendezvous (>= 5)")
     if cfg.container_image is not None and not cfg.container_image.strip():
         p.append("container_image: empty; leave it out when no container is used")
+    elif cfg.container_image is not None and not _IMAGE.fullmatch(cfg.container_image):
+        p.append(
+            f"container_image: {cfg.container_image!r} must be an image reference of letters, digits and "
+            "'_ . : / # @ + -' (no spaces or shell characters)"
+        )
     for mount in cfg.container_mounts:
-        if ":" not in mount:
-            p.append(f"container_mounts: {mount!r} must be SRC:DST[:FLAGS]")
+        p += _mount_problems(mount)
     # model
     for key in (
         "num_layers",
@@ -371,7 +399,7 @@ def validate(cfg: RunConfig) -> list[str]:
     if cfg.nccl.debug not in NCCL_DEBUG_LEVELS:
         p.append(f"nccl.debug: {cfg.nccl.debug!r} is not one of {', '.join(NCCL_DEBUG_LEVELS)}")
     for key in cfg.nccl.extra_env:
-        if not _ENV_NAME.match(key):
+        if not _ENV_NAME.fullmatch(key):
             p.append(f"nccl.extra_env: {key!r} is not an environment variable name")
     # targets
     for tf in fields(Targets):
@@ -379,6 +407,42 @@ def validate(cfg: RunConfig) -> list[str]:
             p.append(f"targets.{tf.name}: must be positive, got {getattr(cfg.targets, tf.name)}")
     if cfg.targets.nccl_fraction_max > 1:
         p.append(f"targets.nccl_fraction_max: {cfg.targets.nccl_fraction_max} is a fraction (0..1)")
+    return p
+
+
+def _mount_problems(mount: str) -> list[str]:
+    """A container mount SRC:DST[:FLAGS]: both paths safe (srun --container-mounts joins them with ',')."""
+    parts = mount.split(":")
+    if len(parts) not in (2, 3):
+        return [f"container_mounts: {mount!r} must be SRC:DST[:FLAGS]"]
+    problems = []
+    for what, path in zip(("SRC", "DST"), parts[:2], strict=True):
+        why = path_problem(path)
+        if why:
+            problems.append(f"container_mounts: {mount!r}: {what} must be {why}")
+    if len(parts) == 3 and not _MOUNT_FLAGS.fullmatch(parts[2]):
+        problems.append(
+            f"container_mounts: {mount!r}: FLAGS must be letters, digits, '_', '=', '+' or '-' (e.g. ro)"
+        )
+    return problems
+
+
+def cluster_problems(cfg: RunConfig, cluster: dict[str, Any]) -> list[str]:
+    """Problems between a (valid) run config and a (valid) cluster spec that neither shows alone.
+
+    checkpoint_dir, when set, must lie inside the spec's storage.mountpoint (the shared storage every
+    node mounts): a resume on another node reads it there. Compared only after `..` was refused.
+    """
+    p: list[str] = []
+    mount = (cluster.get("storage") or {}).get("mountpoint")
+    ckpt = cfg.checkpoint_dir
+    if ckpt is None or not isinstance(mount, str) or path_problem(ckpt):
+        return p  # nothing to compare, or validate() reports the path itself
+    if not path_inside(ckpt, mount):
+        p.append(
+            f"checkpoint_dir: {ckpt!r} must be inside the spec's storage.mountpoint ({mount}), the storage "
+            "every node mounts"
+        )
     return p
 
 

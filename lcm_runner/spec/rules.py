@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import PurePosixPath
 from typing import Any
 
 from .errors import SpecError
+from .safe import host_problem, path_inside, path_problem
+from .schema import defaults
 
 NODE_GROUPS = ("controller", "compute", "login", "monitoring")
 # Pairs of groups no host may be in together.
@@ -66,13 +67,7 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
     if ftype != "roce" and gid is not None:
         e.append(SpecError("cluster.fabric.roce_gid_index", gid, f"null for fabric type {ftype}"))
 
-    mount, ckpt = PurePosixPath(storage["mountpoint"]), PurePosixPath(storage["checkpoint_dir"])
-    if ckpt != mount and mount not in ckpt.parents:
-        e.append(
-            SpecError(
-                "cluster.storage.checkpoint_dir", str(ckpt), f"a path inside storage.mountpoint ({mount})"
-            )
-        )
+    e += _storage_paths(storage)
     stype = storage["type"]
     if "nfs" in storage and stype != "nfs":
         e.append(SpecError("cluster.storage.nfs", storage["nfs"], f"absent for storage type {stype}"))
@@ -103,9 +98,57 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
     return e
 
 
+def _storage_paths(storage: Mapping[str, Any]) -> list[SpecError]:
+    """checkpoint_dir inside mountpoint, local_scratch outside it, none of them `/`.
+
+    Paths are compared only once they are known to be normalised (safe.path_inside refuses `..`, `.` and
+    `//`), so "/shared/../etc" can never count as inside /shared.
+    """
+    e: list[SpecError] = []
+    mount, ckpt = storage["mountpoint"], storage["checkpoint_dir"]
+    if not path_inside(ckpt, mount):
+        why = path_problem(ckpt) or path_problem(mount)
+        expected = f"a path inside storage.mountpoint ({mount})" + (f"; {why}" if why else "")
+        e.append(SpecError("cluster.storage.checkpoint_dir", ckpt, expected))
+    scratch = storage.get("local_scratch", defaults()["storage"]["local_scratch"])
+    if isinstance(scratch, str) and mount != "/" and path_inside(scratch, mount):
+        e.append(
+            SpecError(
+                "cluster.storage.local_scratch",
+                scratch,
+                f"a node-local path, not inside the shared storage.mountpoint ({mount})",
+            )
+        )
+    nfs = storage.get("nfs") or {}
+    for field, value in (
+        ("mountpoint", mount),
+        ("local_scratch", scratch),
+        ("nfs.export_path", nfs.get("export_path")),
+    ):
+        if value == "/":
+            e.append(SpecError(f"cluster.storage.{field}", value, "a directory other than / (the root)"))
+    return e
+
+
+def _host_path(host: str) -> str:
+    """inventory.host.<name>; a name with unprintable characters is shown as its repr."""
+    return f"inventory.host.{host}" if host.isprintable() else f"inventory.host.{host!r}"
+
+
+def host_name_rules(groups: Mapping[str, list[str]]) -> list[SpecError]:
+    """Every inventory host name is an RFC 1123 host name (it becomes an ssh/scontrol argument)."""
+    hosts = sorted({h for members in groups.values() for h in members}, key=str)
+    e: list[SpecError] = []
+    for host in hosts:
+        why = host_problem(host)
+        if why:
+            e.append(SpecError(_host_path(str(host)), host, why))
+    return e
+
+
 def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> list[SpecError]:
     """Checks of the inventory's groups (Ansible's `groups` variable) against the spec."""
-    e: list[SpecError] = []
+    e: list[SpecError] = host_name_rules(groups)
     ctl = list(groups.get("controller", []))
     if len(ctl) != 1:
         e.append(SpecError("inventory.groups.controller", ctl, "exactly 1 host"))
@@ -123,9 +166,7 @@ def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> li
         both = sorted(set(groups.get(a, [])) & set(groups.get(b, [])))
         for host in both:
             e.append(
-                SpecError(
-                    f"inventory.host.{host}", [a, b], f"a host in only one of the exclusive groups {a} / {b}"
-                )
+                SpecError(_host_path(host), [a, b], f"a host in only one of the exclusive groups {a} / {b}")
             )
     storage = _get(c, "storage") or {}
     if storage.get("type") == "nfs":

@@ -4,6 +4,10 @@ The schema (schema.yml) is a real JSON Schema (draft 2020-12; tests check it wit
 Nodes run the runner without jsonschema installed, so this module checks the subset the schema uses itself
 (type, enum, required, properties, additionalProperties, items, uniqueItems, minItems, minimum, maximum,
 pattern) and words each error as field / value / expected.
+
+Patterns are searched with JSON Schema (ECMA-262) semantics: `$` matches only at the very end, not before
+a trailing newline as Python's `$` does (so "lab\\n" does not pass "^[a-z]+$"). A field with `x-safe: path`
+is a path that must be safe to use as a shell word (lcm_runner/spec/safe.py); its error says why not.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
+from .safe import path_problem
+
+# x-safe kinds: value -> None, or the expected text saying what is wrong.
+_SAFE = {"path": path_problem}
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
@@ -33,6 +41,27 @@ def load_schema() -> dict[str, Any]:
     text = resources.files(__package__).joinpath("schema.yml").read_text(encoding="utf-8")
     schema: dict[str, Any] = yaml.safe_load(text)
     return schema
+
+
+@cache
+def _regex(pattern: str) -> re.Pattern[str]:
+    """pattern compiled with ECMA-262's `$` (end of input only): each unescaped `$` outside [...] -> \\Z."""
+    out, in_class, i = [], False, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+        elif ch == "$":
+            ch = r"\Z"
+        out.append(ch)
+        i += 1
+    return re.compile("".join(out))
 
 
 def _is_type(value: Any, name: str) -> bool:
@@ -56,8 +85,10 @@ def check(value: Any, schema: dict[str, Any], path: str) -> list[SpecError]:
     errors: list[SpecError] = []
     if "enum" in schema and value not in schema["enum"]:
         errors.append(SpecError(path, value, "one of " + ", ".join(map(str, schema["enum"]))))
-    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
-        errors.append(SpecError(path, value, f"a string matching {schema['pattern']}"))
+    if isinstance(value, str) and "pattern" in schema and not _regex(schema["pattern"]).search(value):
+        safe = _SAFE.get(schema.get("x-safe", ""))
+        why = safe(value) if safe else None
+        errors.append(SpecError(path, value, why or f"a string matching {schema['pattern']}"))
     if _is_type(value, "number"):
         if "minimum" in schema and value < schema["minimum"]:
             errors.append(SpecError(path, value, f"a number >= {schema['minimum']}"))

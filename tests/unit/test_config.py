@@ -137,3 +137,86 @@ def test_trainer_accepts_the_generated_arguments(name: str) -> None:
         cfg.train_iters,
         cfg.save_interval,
     )
+
+
+# ----------------------------------------------------------------------------- names and paths are safe
+
+
+def _problems(**patch: object) -> list[str]:
+    data = {**_lab(), **patch}
+    try:
+        config.from_dict(data, "run.yml")
+    except config.ConfigError as err:
+        return err.problems
+    return []
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"checkpoint_dir": "relative/path"}, "checkpoint_dir: 'relative/path' must be an absolute"),
+        ({"checkpoint_dir": "ckpt"}, "it is relative (it must start with '/')"),
+        ({"checkpoint_dir": "/shared/../etc"}, "'..' components are not allowed"),
+        ({"checkpoint_dir": "/shared/./x"}, "'.' components are not allowed"),
+        ({"checkpoint_dir": "/shared//x"}, "'//' is not allowed"),
+        ({"checkpoint_dir": "/shared/x;y"}, "characters ';' are not allowed"),
+        ({"checkpoint_dir": "/shared/ckpt$HOME"}, "characters '$' are not allowed"),
+        ({"checkpoint_dir": "/shared/ck\n"}, "control characters are not allowed ('\\n')"),
+        ({"name": "run;id"}, "name: 'run;id' must be 1-64 letters"),
+        ({"name": "lab\n"}, "name: 'lab\\n' must be"),
+        ({"name": "-lab"}, "name: '-lab' must be"),
+        ({"name": "a" * 65}, "must be 1-64 letters"),
+        ({"partition": "batch;id"}, "partition: 'batch;id' must be a Slurm partition name"),
+        ({"partition": "-batch"}, "partition: '-batch' must be a Slurm partition name"),
+        ({"python": "python3; id"}, "python: 'python3; id' must be a command name"),
+        ({"python": "/opt/venv/../bin/python"}, "'..' components are not allowed"),
+        ({"python": "-c"}, "python: '-c' must be a command name"),
+        ({"container_image": "img;id"}, "container_image: 'img;id' must be an image reference"),
+        ({"container_image": "$(id)"}, "container_image: '$(id)' must be an image reference"),
+        ({"container_mounts": ["/shared/../etc:/etc2"]}, "SRC must be an absolute, normalised path"),
+        ({"container_mounts": ["/data:rel"]}, "DST must be an absolute, normalised path"),
+        ({"container_mounts": ["/a b:/c"]}, "characters ' ' are not allowed"),
+        ({"container_mounts": ["/a:/b:ro;id"]}, "FLAGS must be letters"),
+        ({"container_mounts": ["/a:/b:ro:x"]}, "must be SRC:DST[:FLAGS]"),
+        ({"container_mounts": ["/a,/b:/c"]}, "characters ',' are not allowed"),
+        ({"time_limit": "00:20:00\n"}, "is not a Slurm time"),
+        ({"nccl": {"debug": "WARN", "extra_env": {"NCCL_X\n": "1"}}}, "is not an environment variable name"),
+    ],
+)
+def test_hostile_names_and_paths_rejected(patch: dict, message: str) -> None:
+    problems = _problems(**patch)
+    assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"checkpoint_dir": "/shared/ckpt"},
+        {"checkpoint_dir": "/lustre/lcm/checkpoints/run-1_a.b"},
+        {"name": "h200-2node_v1.2"},
+        {"partition": "batch"},
+        {"partition": None},
+        {"python": "python3"},
+        {"python": "/opt/lcm/venv/bin/python3.11"},
+        {"container_image": "nvcr.io#nvidia/pytorch:25.01-py3"},
+        {"container_image": "docker://nvcr.io#nvidia/pytorch@sha256:0123abcd"},
+        {"container_image": "/shared/images/pytorch+cuda.sqsh"},
+        {"container_mounts": ["/shared:/shared", "/data:/data:ro", "/raid/x:/x:ro+rprivate"]},
+    ],
+)
+def test_legitimate_names_and_paths_accepted(patch: dict) -> None:
+    assert _problems(**patch) == []
+
+
+def test_checkpoint_dir_must_be_inside_the_spec_storage() -> None:
+    cluster = config.load_cluster(ROOT / "inventories" / "lab")  # storage.mountpoint /shared
+    inside = config.from_dict({**_lab(), "checkpoint_dir": "/shared/runs/ckpt"})
+    assert config.cluster_problems(inside, cluster) == []
+    assert config.cluster_problems(config.from_dict(_lab()), cluster) == []  # unset: <run_dir>/checkpoints
+    outside = config.from_dict({**_lab(), "checkpoint_dir": "/sharedx/ckpt"})
+    (problem,) = config.cluster_problems(outside, cluster)
+    assert problem.startswith("checkpoint_dir: '/sharedx/ckpt' must be inside the spec's storage.mountpoint")
+    # A `..` path never reaches the comparison: validate() refuses it, cluster_problems does not count it in.
+    escaping = config.RunConfig(checkpoint_dir="/shared/../etc")
+    assert any("'..' components are not allowed" in p for p in config.validate(escaping))
+    assert config.cluster_problems(escaping, cluster) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from lcm_runner.spec import SpecInvalid, load_cluster, load_schema, validate
+from lcm_runner.spec import SpecInvalid, load_cluster, load_inventory_groups, load_schema, validate
 from lcm_runner.spec.docs import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,7 +128,128 @@ BAD_SPECS: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, Any
         "cluster.storage.checkpoint_dir",
         "inside storage.mountpoint",
     ),
-    ("relative-mount", lab, _set("storage.mountpoint", "shared"), "cluster.storage.mountpoint", "matching"),
+    ("relative-mount", lab, _set("storage.mountpoint", "shared"), "cluster.storage.mountpoint", "relative"),
+    # Paths become shell words and mount arguments: normalised, no shell characters, never `..`.
+    (
+        "ckpt-dotdot-escapes-mount",
+        lab,
+        _set("storage.checkpoint_dir", "/shared/../etc"),
+        "cluster.storage.checkpoint_dir",
+        "'..' components are not allowed",
+    ),
+    (
+        "ckpt-dot-component",
+        lab,
+        _set("storage.checkpoint_dir", "/shared/./x"),
+        "cluster.storage.checkpoint_dir",
+        "'.' components are not allowed",
+    ),
+    (
+        "ckpt-double-slash",
+        lab,
+        _set("storage.checkpoint_dir", "/shared//x"),
+        "cluster.storage.checkpoint_dir",
+        "'//' is not allowed",
+    ),
+    (
+        "ckpt-semicolon",
+        lab,
+        _set("storage.checkpoint_dir", "/shared/x;y"),
+        "cluster.storage.checkpoint_dir",
+        "characters ';' are not allowed",
+    ),
+    (
+        "ckpt-dollar",
+        lab,
+        _set("storage.checkpoint_dir", "/shared/ckpt$HOME"),
+        "cluster.storage.checkpoint_dir",
+        "characters '$' are not allowed",
+    ),
+    (
+        "mount-trailing-slash",
+        lab,
+        _both(_set("storage.mountpoint", "/shared/"), _set("storage.checkpoint_dir", "/shared/ck")),
+        "cluster.storage.mountpoint",
+        "trailing '/'",
+    ),
+    (
+        "scratch-newline",
+        lab,
+        _set("storage.local_scratch", "/var/lib/lcm\n-local"),
+        "cluster.storage.local_scratch",
+        "control characters are not allowed ('\\n')",
+    ),
+    (
+        "scratch-trailing-newline",
+        lab,
+        _set("storage.local_scratch", "/var/lib/lcm-local\n"),
+        "cluster.storage.local_scratch",
+        "control characters",
+    ),
+    (
+        "scratch-on-shared-storage",
+        lab,
+        _set("storage.local_scratch", "/shared/scratch"),
+        "cluster.storage.local_scratch",
+        "node-local path",
+    ),
+    (
+        "mount-is-root",
+        lab,
+        _set("storage.mountpoint", "/"),
+        "cluster.storage.mountpoint",
+        "other than / (the root)",
+    ),
+    (
+        "export-path-backtick",
+        lab,
+        _both(_set("storage.type", "nfs"), _set("storage.nfs", {"export_path": "/srv/`id`"})),
+        "cluster.storage.nfs.export_path",
+        "characters '`' are not allowed",
+    ),
+    (
+        "mount-options-shell",
+        lab,
+        _both(_set("storage.type", "nfs"), _set("storage.nfs", {"mount_options": "rw,hard;reboot"})),
+        "cluster.storage.nfs.mount_options",
+        "matching",
+    ),
+    (
+        "export-options-space",
+        lab,
+        _both(_set("storage.type", "nfs"), _set("storage.nfs", {"export_options": "rw, sync"})),
+        "cluster.storage.nfs.export_options",
+        "matching",
+    ),
+    ("name-trailing-newline", lab, _set("name", "lab\n"), "cluster.name", "matching"),
+    (
+        "partition-shell",
+        lab,
+        _set("slurm.partitions", [{"name": "batch;id", "groups": ["compute"], "default": True}]),
+        "cluster.slurm.partitions[0].name",
+        "matching",
+    ),
+    (
+        "partition-leading-dash",
+        lab,
+        _set("slurm.partitions", [{"name": "-batch", "groups": ["compute"], "default": True}]),
+        "cluster.slurm.partitions[0].name",
+        "matching",
+    ),
+    (
+        "switch-leading-dash",
+        h200,
+        _set("fabric.topology", [{"switch": "-leaf", "nodes": "h200-gpu[01-02]"}]),
+        "cluster.fabric.topology[0].switch",
+        "matching",
+    ),
+    (
+        "topology-nodes-subshell",
+        h200,
+        _set("fabric.topology", [{"switch": "leaf01", "nodes": "gpu$(id)"}]),
+        "cluster.fabric.topology[0].nodes",
+        "matching",
+    ),
     (
         "nfs-server-group-unknown",
         lab,
@@ -306,3 +428,167 @@ def test_docs_spec_md_is_current() -> None:
     assert (ROOT / "docs" / "spec.md").read_text() == render(), (
         "docs/spec.md is stale: run scripts/gen-spec-docs"
     )
+
+
+# ----------------------------------------------------------------------------- names and paths are safe
+
+HOSTILE_HOSTS = [
+    ("node1;rm -rf /", "';', ' ', '/' are not allowed"),
+    ("$(id)", "'$', '(', ')' are not allowed"),
+    ("`id`", "'`' are not allowed"),
+    ("-oProxyCommand=x", "leading '-'"),
+    ("a b", "' ' are not allowed"),
+    ("node\n2", "'\\n' are not allowed"),
+    ("node'1", '"\'" are not allowed'),
+    ("a" * 64, "at most 63 characters"),
+    (".".join(["a" * 63] * 4), "it has 255 characters"),
+    ("node-", "may not start or end with '-'"),
+    ("node..x", "empty labels"),
+    ("gpu_01", "'_' are not allowed"),
+    ("", "it is empty"),
+]
+
+
+@pytest.mark.parametrize(("host", "why"), HOSTILE_HOSTS, ids=[repr(h)[:20] for h, _ in HOSTILE_HOSTS])
+def test_hostile_host_name_rejected(host: str, why: str) -> None:
+    groups = {**GROUPS, "compute": ["c1", host], "all": [*GROUPS["all"], host]}
+    errors = [e for e in validate(lab(), groups) if e.value == host]
+    assert len(errors) == 1, [str(e) for e in validate(lab(), groups)]
+    (err,) = errors
+    expected_path = f"inventory.host.{host}" if host.isprintable() else f"inventory.host.{host!r}"
+    assert err.path == expected_path
+    assert "RFC 1123 host name" in err.expected and why in err.expected, str(err)
+    assert "\n" not in str(err), "a newline in a host name must show escaped"
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["lab-ctl", "lab-node1", "h200-gpu01", "10.10.0.10", "node.example.com", "N1", "a" * 63, "x"],
+)
+def test_legitimate_host_names_accepted(host: str) -> None:
+    groups = {**GROUPS, "compute": ["c1", host]}
+    assert validate(lab(), groups) == []
+
+
+def test_253_character_host_name_accepted() -> None:
+    host = ".".join(["a" * 63] * 3 + ["b" * 61])
+    assert len(host) == 253
+    assert validate(lab(), {**GROUPS, "compute": [host]}) == []
+
+
+HOSTILE_PATHS = [
+    ("/shared/../etc", "'..' components are not allowed"),
+    ("/shared/..", "'..' components are not allowed"),
+    ("/shared/./x", "'.' components are not allowed"),
+    ("/shared//x", "'//' is not allowed"),
+    ("relative/path", "it is relative"),
+    ("/shared/x;y", "';' are not allowed"),
+    ("/shared/ckpt$HOME", "'$' are not allowed"),
+    ("/shared/a b", "' ' are not allowed"),
+    ("/shared/x\n", "control characters"),
+    ("/shared/x\x00y", "control characters"),
+    ("/shared/a:b", "':' are not allowed"),
+    ("/shared/a,b", "',' are not allowed"),
+    ("/shared/'q'", '"\'" are not allowed'),
+    ("/shared/", "trailing '/'"),
+    ("", "it is empty"),
+]
+GOOD_PATHS = [
+    "/shared",
+    "/shared/checkpoints",
+    "/lustre/lcm/ckpt-2026_01",
+    "/home/u/.cache",
+    "/a/..b/c+d@e",
+]
+
+
+@pytest.mark.parametrize(("value", "why"), HOSTILE_PATHS, ids=[repr(v)[:24] for v, _ in HOSTILE_PATHS])
+def test_hostile_checkpoint_dir_rejected_with_reason(value: str, why: str) -> None:
+    spec = lab()
+    spec["storage"]["checkpoint_dir"] = value
+    errors = [e for e in validate(spec, GROUPS) if e.path == "cluster.storage.checkpoint_dir"]
+    assert len(errors) == 1 and why in errors[0].expected, [str(e) for e in validate(spec, GROUPS)]
+    assert "absolute, normalised path" in errors[0].expected
+
+
+@pytest.mark.parametrize("value", GOOD_PATHS)
+def test_legitimate_paths_accepted(value: str) -> None:
+    spec = lab()
+    spec["storage"].update(mountpoint=value, checkpoint_dir=value, type="nfs", nfs={"export_path": value})
+    assert validate(spec, GROUPS) == []
+
+
+def test_every_path_field_uses_the_safe_path_pattern() -> None:
+    """Every absolute-path field of the schema is `x-safe: path` with safe.PATH_PATTERN (no `^/[^ ]*$`)."""
+    from lcm_runner.spec.safe import PATH_PATTERN
+
+    found: list[str] = []
+
+    def walk(s: dict[str, Any], path: str) -> None:
+        if "pattern" in s and (s["pattern"].startswith("^/") or s.get("x-safe") == "path"):
+            assert s["pattern"] == PATH_PATTERN and s.get("x-safe") == "path", path
+            assert str(s["description"]).startswith("Absolute"), path
+            found.append(path)
+        for key, sub in s.get("properties", {}).items():
+            walk(sub, f"{path}.{key}")
+        if isinstance(s.get("items"), dict):
+            walk(s["items"], f"{path}[]")
+
+    walk(load_schema(), "cluster")
+    assert found == [
+        "cluster.storage.mountpoint",
+        "cluster.storage.checkpoint_dir",
+        "cluster.storage.local_scratch",
+        "cluster.storage.nfs.export_path",
+    ]
+
+
+@pytest.mark.parametrize("value", [v for v, _ in HOSTILE_PATHS] + GOOD_PATHS + ["/", "/.x", "/..."])
+def test_path_pattern_agrees_with_path_problem(value: str) -> None:
+    """The schema's pattern (ECMA `$`, as the validator reads it) and safe.path_problem say the same."""
+    from lcm_runner.spec.safe import PATH_PATTERN, path_problem
+    from lcm_runner.spec.schema import _regex
+
+    assert (_regex(PATH_PATTERN).search(value) is not None) == (path_problem(value) is None)
+
+
+def test_pattern_dollar_is_end_of_input_only() -> None:
+    """Python's `$` also matches before a trailing newline; the validator's patterns do not."""
+    from lcm_runner.spec.schema import _regex
+
+    assert _regex("^[a-z]+$").search("lab") and not _regex("^[a-z]+$").search("lab\n")
+    assert _regex(r"^a\$[$]$").search("a$$") and not _regex(r"^a\$[$]$").search("a$$\n")
+
+
+def test_spec_rules_refuse_dotdot_even_without_the_schema() -> None:
+    """spec_rules compares paths only after refusing `..`: /shared/../etc is not inside /shared."""
+    from lcm_runner.spec.rules import spec_rules
+
+    spec = lab()
+    spec["storage"]["checkpoint_dir"] = "/shared/../etc"
+    (err,) = spec_rules(spec)
+    assert err.path == "cluster.storage.checkpoint_dir"
+    assert "inside storage.mountpoint (/shared)" in err.expected and "'..' components" in err.expected
+
+
+def test_hostile_value_shown_escaped_in_message() -> None:
+    spec = lab()
+    spec["storage"]["checkpoint_dir"] = "/shared/x\nrm -rf /"
+    msgs = [str(e) for e in validate(spec)]
+    assert msgs and all("\n" not in m for m in msgs), msgs
+    assert any('"/shared/x\\nrm -rf /"' in m for m in msgs), msgs
+
+
+@pytest.mark.skipif(shutil.which("ansible-inventory") is None, reason="needs ansible-inventory")
+@pytest.mark.parametrize("inventory", [LAB, EXAMPLE], ids=["lab", "example-h200"])
+def test_example_inventories_validate_with_their_hosts(inventory: Path) -> None:
+    groups = load_inventory_groups(inventory)
+    assert groups["compute"], groups
+    assert validate(load_cluster(inventory), groups) == []
+
+
+def test_run_config_partition_pattern_is_the_spec_one() -> None:
+    from lcm_runner.spec.safe import PARTITION_RE
+
+    part = load_schema()["properties"]["slurm"]["properties"]["partitions"]["items"]["properties"]["name"]
+    assert part["pattern"] == f"^{PARTITION_RE.pattern}$"
