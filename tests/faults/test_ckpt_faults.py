@@ -323,7 +323,6 @@ def test_full_disk_during_a_save_keeps_latest_and_removes_the_partial(
 # ------------------------------------------------------------------------------ many faults, one job
 
 
-@pytest.mark.full
 def test_ten_rank_kills_in_one_job_finish_bitwise(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, matrix: Matrix, request: pytest.FixtureRequest
 ) -> None:
