@@ -297,6 +297,8 @@ class CheckpointManager:
     def _complete(self, step: int, path: Path, t0: float) -> None:
         self.fault.maybe_crash(step, self.rank)
         assert self.save_dir is not None
+        # every rank reached completion (a rank that died after its shards leaves the save incomplete)
+        self._all_ok(True)
         # every rank's writer recorded its shards' digests; rank 0 checks the set and writes the marker
         problem = ""
         nbytes = 0
@@ -417,6 +419,7 @@ class CheckpointManager:
             path = d / iter_dir_name(s)
             ok, file, reason, legacy = self._verify(path)
             if ok:
+                self._clean_partials(d, s)
                 if legacy and self.rank == 0:
                     print(
                         f"lcm-train: {path.name} has no checksums (written before them): loading unverified"
@@ -435,6 +438,20 @@ class CheckpointManager:
                 EVENT_CKPT_REJECTED, step=s, path=str(path), file=file, reason=reason, durable=True
             )
         raise NoGoodCheckpoint(f"no checkpoint in {d} verifies: " + "; ".join(rejected))
+
+    def _clean_partials(self, d: Path, chosen: int) -> None:
+        """Rank 0: remove the saves newer than the checkpoint being resumed that never completed (a
+        writer died, the disk filled): never selectable, and named in one line each."""
+        if self.rank != 0:
+            return
+        for s in catalog.iter_steps(d):
+            p = d / iter_dir_name(s)
+            if s > chosen and not catalog.is_complete(p):
+                writers = sorted(int(f.stem[4:]) for f in (p / integrity.SUMS_DIR).glob("rank*.json"))
+                missing = sorted(set(range(self.world)) - set(writers))
+                why = f"ranks {missing} never finished writing" if missing else "its marker was never written"
+                print(f"lcm-train: {p.name}: an incomplete save ({why}): removed, resuming from {chosen}")
+                shutil.rmtree(p, ignore_errors=True)
 
     def load_latest(
         self, built: Any, load_optim: bool = True, load_rng: bool = True

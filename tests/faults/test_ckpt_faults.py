@@ -375,3 +375,85 @@ def test_ten_rank_kills_in_one_job_finish_bitwise(
         ),
         request,
     )
+
+
+# ----------------------------------------------------------------------- crash in a save, preemption
+
+
+def test_rank_killed_mid_save_leaves_latest_and_the_partial_is_removed(
+    reference: Run, tmp_path: Path, matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
+    """Rank 1 dies hard once its shards of step 8 are written, before the save completes."""
+    crashed = run_direct(tmp_path, ["--train-iters", str(ITERS), *SAVE, "--fault-crash-in-save", "8",
+                                    "--fault-crash-rank", "1"])  # fmt: skip
+    assert crashed.codes[1] == ExitCode.FAILURE and crashed.codes[0] != 0, crashed.log
+    assert catalog.read_latest(crashed.ckpt) == 6
+    assert not catalog.is_complete(crashed.ckpt / iter_dir_name(8))
+    died = max(r.ts for r in of_event(load_run(tmp_path), "ckpt_begin", rank=1) if r.step == 8)
+    again = resume(tmp_path, attempt=1)
+    assert again.codes == [0, 0], again.log
+    out = (tmp_path / "rank0.log").read_text()
+    line = next(ln for ln in out.splitlines() if "iter_0000008: an incomplete save" in ln)
+    recs = load_run(tmp_path)
+    assert [r.step for r in of_event(recs, "resume", rank=0)] == [6]
+    ref = reference.losses()
+    assert losses(tmp_path, attempt=1) == {s: ref[s] for s in range(7, ITERS + 1)}
+    assert 8 in [r.step for r in of_event(recs, "ckpt_end", rank=0) if r.attempt == 1]  # saved again
+    matrix.record(
+        Row(
+            fault="rank killed during a save",
+            injected="--fault-crash-in-save 8: rank 1 exits hard after writing its shards of step 8",
+            detected_s=None,
+            recovered=True,
+            downtime_s=min(r.ts for r in steps(recs, rank=0) if r.attempt == 1) - died,
+            steps_lost=0,
+            good_ckpts_lost=0,
+            notes=f"latest stayed 6; on restart: '{line.split('lcm-train: ', 1)[-1]}'; continuation bitwise",
+        ),
+        request,
+    )
+
+
+def test_preemption_signal_checkpoints_and_the_requeue_resumes_from_it(
+    reference: Run, tmp_path: Path, matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
+    """SIGUSR1 (what Slurm's --signal / `scontrol requeue` deliver) to one rank mid-run."""
+    import signal as sig
+    import time
+
+    def usr1_after_step_3(procs: list[subprocess.Popen], run_dir: Path) -> None:
+        tel = run_dir / "telemetry" / "rank0.jsonl"
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and not (tel.exists() and '"step":3,' in tel.read_text()):
+            time.sleep(0.05)
+        procs[1].send_signal(sig.SIGUSR1)
+
+    first = run_direct(
+        tmp_path, ["--train-iters", str(ITERS), *SAVE, "--fault-sleep-ms", "150"], on_start=usr1_after_step_3
+    )
+    assert first.codes == [ExitCode.REQUEUE] * 2, first.log
+    recs = load_run(tmp_path)
+    stopped = max(r.step for r in steps(recs, rank=0))
+    assert catalog.read_latest(first.ckpt) == stopped
+    signalled = of_event(recs, "signal", rank=1)[0].ts
+    saved = next(r for r in of_event(recs, "ckpt_end", rank=0) if r.step == stopped).ts
+    again = resume(tmp_path, attempt=1)
+    assert again.codes == [0, 0], again.log
+    recs = load_run(tmp_path)
+    assert [r.step for r in of_event(recs, "resume", rank=0)] == [stopped]
+    ref = reference.losses()
+    assert losses(tmp_path, attempt=1) == {s: ref[s] for s in range(stopped + 1, ITERS + 1)}
+    matrix.record(
+        Row(
+            fault="preemption (SIGUSR1 before the time limit / scontrol requeue)",
+            injected="SIGUSR1 to rank 1 after step 3, then the requeue",
+            detected_s=saved - signalled,
+            recovered=True,
+            downtime_s=None,
+            steps_lost=0,
+            good_ckpts_lost=0,
+            notes=f"checkpoint at step {stopped} {saved - signalled:.2f} s after the signal, exit 75; "
+            "the requeued run resumed from it, bitwise",
+        ),
+        request,
+    )
