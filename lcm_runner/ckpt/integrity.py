@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -106,9 +107,13 @@ def sum_files(files: Iterable[Path], root: Path, algorithm: str = DEFAULT_ALGORI
 
 def write_rank_sums(ckpt: Path, rank: int, algorithm: str = DEFAULT_ALGORITHM) -> dict[str, dict]:
     """Called by rank `rank`'s writer once its shards are on disk: their sizes and digests, fsynced."""
+    t0 = time.perf_counter()
     sums = sum_files(rank_shards(ckpt, rank), ckpt, algorithm)
+    seconds = time.perf_counter() - t0
     (ckpt / SUMS_DIR).mkdir(exist_ok=True)
-    fsync_write_json(ckpt / SUMS_DIR / f"rank{rank}.json", {"algorithm": algorithm, "files": sums})
+    fsync_write_json(
+        ckpt / SUMS_DIR / f"rank{rank}.json", {"algorithm": algorithm, "files": sums, "seconds": seconds}
+    )
     return sums
 
 
@@ -134,6 +139,7 @@ def build_manifest(ckpt: Path, world: int, step: int, algorithm: str, extra: dic
     """Rank 0, after every rank's writer finished: the marker's content. Raises IntegrityError when a
     rank's sums are missing, a shard on disk has no sum, or a summed shard is missing/changed size."""
     files: dict[str, dict] = {}
+    writer_s = 0.0
     for r in range(world):
         p = ckpt / SUMS_DIR / f"rank{r}.json"
         try:
@@ -145,6 +151,7 @@ def build_manifest(ckpt: Path, world: int, step: int, algorithm: str, extra: dic
         if data.get("algorithm") != algorithm:
             raise IntegrityError(ckpt, p.name, f"algorithm {data.get('algorithm')!r}, expected {algorithm!r}")
         files.update(data["files"])
+        writer_s = max(writer_s, float(data.get("seconds", 0.0)))
     on_disk = {str(f.relative_to(ckpt)) for f in ckpt.glob("__*_*.distcp")}
     if missing := sorted(on_disk - set(files)):
         raise IntegrityError(ckpt, missing[0], "a shard no writer recorded")
@@ -159,8 +166,10 @@ def build_manifest(ckpt: Path, world: int, step: int, algorithm: str, extra: dic
         f.name == "metadata.json" for f in meta_files
     ):
         raise IntegrityError(ckpt, ".metadata/metadata.json", "metadata not written")
+    t0 = time.perf_counter()
     files.update(sum_files(meta_files, ckpt, algorithm))
     return {
+        "hash_s": {"writers_max": round(writer_s, 6), "metadata": round(time.perf_counter() - t0, 6)},
         "version": MANIFEST_VERSION,
         "step": step,
         "world_size": world,

@@ -302,6 +302,7 @@ class CheckpointManager:
         # every rank's writer recorded its shards' digests; rank 0 checks the set and writes the marker
         problem = ""
         nbytes = 0
+        hash_s: dict[str, float] = {}
         if self.rank == 0:
             try:
                 manifest = integrity.build_manifest(
@@ -309,6 +310,7 @@ class CheckpointManager:
                 )
                 integrity.fsync_write_json(path / COMPLETE_MARKER, manifest)
                 nbytes = int(manifest["bytes"])
+                hash_s = manifest["hash_s"]
                 write_latest_atomically(self.save_dir, step)
             except IntegrityError as e:
                 problem = f"{e.file}: {e.reason}"
@@ -337,6 +339,7 @@ class CheckpointManager:
             path=str(path),
             asynchronous=was_async,
             algorithm=self.algorithm,
+            hash_s=hash_s,
             durable=True,
         )
 
