@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 AGENTS = ("lcm", "torchrun")
 
@@ -95,6 +95,36 @@ class Job:
 
 
 @dataclass
+class HardKill:
+    """What `Launcher.kill_job` did: SIGKILL (never SIGTERM first) to every process of the job on every
+    node at once, agents and ranks, so no rank can catch a signal and checkpoint on the way out."""
+
+    ts: float  # when the SIGKILLs were sent (unix)
+    signal: str = "SIGKILL"
+    killed: dict[str, list[str]] = field(default_factory=dict)  # node -> "pid comm" of each process killed
+    ranks: dict[str, int] = field(default_factory=dict)  # node -> training ranks among them
+    left: dict[str, list[str]] = field(default_factory=dict)  # node -> still alive afterwards (none expected)
+    agent_exit: dict[str, int] = field(default_factory=dict)  # node -> agent exit status (local: -9)
+    job_ended: bool = False  # the job was gone once the kill returned
+    note: str = ""
+
+    @property
+    def ranks_killed(self) -> int:
+        return sum(self.ranks.values())
+
+    def describe(self) -> str:
+        where = ", ".join(f"{n}: {self.ranks.get(n, 0)} rank(s)" for n in sorted(self.killed)) or "nothing"
+        return f"{self.signal} of every process of the job at once ({where})"
+
+
+def count_ranks(found: list[Any]) -> int:
+    """Training ranks among `procs.Proc`-like entries: trainers whose parent is not a trainer (a rank's
+    forked checkpoint writers inherit its name)."""
+    trainers = {p.pid for p in found if p.is_trainer}
+    return sum(1 for p in found if p.is_trainer and p.ppid not in trainers)
+
+
+@dataclass
 class JobStatus:
     state: JobState
     exit_codes: dict[str, int] = field(default_factory=dict)  # per node (agent exit), when known
@@ -111,7 +141,13 @@ class Launcher(Protocol):
     def wait(self, job: Job, timeout_s: float) -> JobStatus: ...
 
     def cancel(self, job: Job, hard: bool = False) -> None:
-        """scancel (SIGTERM to the agents, hard: SIGKILL) and wait until the job is gone."""
+        """scancel (SIGTERM to the agents: the ranks may checkpoint on the way out) and wait until the job
+        is gone; hard: `kill_job` (SIGKILL of every rank, nothing saved)."""
+
+    def kill_job(self, job: Job) -> HardKill:
+        """A crash of the whole job: kill -9 every agent and rank of it on every node at once, from the
+        nodes (no scheduler signal sequence: Slurm's cancel sends SIGTERM first, KillWait before SIGKILL),
+        then make sure the job has ended."""
 
     def kill_trainer(self, job: Job, node: str) -> float:
         """kill -9 the training ranks on one node, from that node; returns the kill time (unix)."""

@@ -9,6 +9,7 @@ REQUEUE (75, checkpointed after a signal) or NODE_LOST (76, a peer node vanished
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from lcm_runner.config import RunConfig
-from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, LaunchError
+from lcm_runner.launch import procs
+from lcm_runner.launch.base import HardKill, Job, JobSpec, JobState, JobStatus, LaunchError, count_ranks
 
 _STATES = {
     "PENDING": JobState.PENDING,
@@ -149,10 +151,74 @@ class SlurmLauncher:
         return st
 
     def cancel(self, job: Job, hard: bool = False) -> None:
+        """scancel: Slurm sends SIGCONT+SIGTERM to every process of the job, SIGKILL after KillWait (the
+        ranks catch SIGTERM and checkpoint). hard: `kill_job`. `scancel --signal=KILL --full` does not
+        do for that: slurmctld ends the job the ordinary way, SIGTERM first (the lab run of 2026-11-30,
+        docs/results/lab-slurm: every rank logged SIGTERM, saved step 12 and exited 75)."""
         if hard:
-            self._sh("scancel", "--signal=KILL", "--full", job.id, check=False)
+            self.kill_job(job)
+            return
         self._sh("scancel", job.id, check=False)
         self.wait(job, 60.0)
+
+    def kill_job(self, job: Job) -> HardKill:
+        """kill -9 every agent and rank of the job from the nodes, all nodes in one `srun --overlap` step
+        (the mechanism of `kill_trainer`, lcm_runner.launch.procs kill-all), restricted to the job step's
+        processes (LCM_NODE, set by the batch script's node function): the batch shell stays, sees its
+        agents killed (no requeue code) and ends the job, and no node's ranks are signalled by Slurm
+        while another node's kill is on its way. Fewer ranks found than the job has: every process of
+        the job at once. Not ended within 30 s: every process again, then scancel."""
+        st = self.status(job)
+        if st.state != JobState.RUNNING or not job.nodes:
+            was = st.state.value
+            if not st.state.finished:
+                self._sh("scancel", job.id, check=False)  # nothing of it runs: no rank to signal
+            st = self.wait(job, 60.0)
+            return HardKill(time.time(), job_ended=st.state.finished, note=f"job was {was}: nothing to kill")
+        nodes = list(job.nodes)
+        ts = time.time()
+        answers = self._on_nodes(job, nodes, "kill-all", step_only=True)
+        killed = [procs.Proc(**p) for ans in answers for p in ans["procs"]]
+        if count_ranks(killed) < job.spec.world_size:
+            # the step filter missed ranks (LCM_NODE is not the hostname there?): at once, every
+            # process of the job, the batch shell too (it then ends the job without a requeue)
+            more = self._on_nodes(job, nodes, "kill-all")
+            killed += [procs.Proc(**p) for ans in more for p in ans["procs"]]
+        st = self.wait(job, 30.0)
+        left: list[procs.Proc] = []
+        if not st.state.finished:
+            # something outside the step's processes keeps it alive: every process of the job, then cancel
+            with contextlib.suppress(LaunchError):
+                again = [
+                    procs.Proc(**p) for ans in self._on_nodes(job, nodes, "kill-all") for p in ans["procs"]
+                ]
+                left = [p for p in again if p.node]  # the batch shell (no LCM_NODE) was meant to stay
+            self._sh("scancel", job.id, check=False)
+            st = self.wait(job, 60.0)
+        by_node, left_by_node = _by_node(killed), _by_node(left)
+        return HardKill(
+            ts,
+            killed={n: [f"{p.pid} {p.comm}" for p in ps] for n, ps in by_node.items()},
+            ranks={n: count_ranks(ps) for n, ps in by_node.items()},
+            left={n: [f"{p.pid} {p.comm}" for p in ps] for n, ps in left_by_node.items()},
+            job_ended=st.state.finished,
+        )
+
+    def _on_nodes(
+        self, job: Job, nodes: list[str], action: str, step_only: bool = False
+    ) -> list[dict[str, Any]]:
+        """The process tool on several nodes of the running job at once: one task per node in one
+        `srun --overlap` step; one JSON answer per node. step_only: only processes whose LCM_NODE is the
+        node's hostname (the batch script's node function exports it; the batch shell has none)."""
+        argv = kill_job_argv(self.cfg.python, job.id, job.tag, nodes, action, step_only)
+        out = self._sh(*argv, timeout=60.0)
+        answers = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+        if len(answers) != len(nodes):
+            raise LaunchError(
+                f"{action} on {','.join(nodes)}: {len(answers)} answer(s) from lcm_runner.launch.procs, "
+                f"{len(nodes)} expected: {out[-300:]}"
+            )
+        return answers
 
     # --- faults ----------------------------------------------------------------------------------
     def kill_trainer(self, job: Job, node: str) -> float:
@@ -242,6 +308,26 @@ class SlurmLauncher:
                 self._sh("scancel", job.id, check=False)
 
 
+def _by_node(found: list[procs.Proc]) -> dict[str, list[procs.Proc]]:
+    out: dict[str, list[procs.Proc]] = {}
+    for p in found:
+        out.setdefault(p.node or "(no LCM_NODE)", []).append(p)
+    return out
+
+
+def kill_job_argv(
+    python: str, job_id: str, tag: str, nodes: list[str], action: str, step_only: bool = False
+) -> list[str]:
+    """`srun --overlap` of lcm_runner.launch.procs on every node of a running job (one task each)."""
+    n = len(nodes)
+    head = ["srun", "--overlap", f"--jobid={job_id}", "-w", ",".join(nodes), f"-N{n}", f"-n{n}"]
+    head += ["--ntasks-per-node=1", "--quiet"]
+    if not step_only:
+        return [*head, python, "-m", "lcm_runner.launch.procs", action, "--tag", tag]
+    script = 'exec "$1" -m lcm_runner.launch.procs "$2" --tag "$3" --node "$(hostname)"'
+    return [*head, "bash", "-c", script, "lcm-procs", python, action, tag]
+
+
 def _run(argv: list[str], timeout: float, check: bool, env: dict[str, str] | None) -> str:
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -256,4 +342,4 @@ def _run(argv: list[str], timeout: float, check: bool, env: dict[str, str] | Non
     return p.stdout + p.stderr if not check else p.stdout
 
 
-__all__ = ["Path", "SlurmLauncher", "parse_scontrol", "state_of"]
+__all__ = ["Path", "SlurmLauncher", "kill_job_argv", "parse_scontrol", "state_of"]

@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lcm_runner.launch import procs
-from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, LaunchError, base_env
+from lcm_runner.launch.base import (
+    HardKill,
+    Job,
+    JobSpec,
+    JobState,
+    JobStatus,
+    LaunchError,
+    base_env,
+    count_ranks,
+)
 from lcm_runner.launch.commands import agent_argv, shell_join
 
 _PORT_STRIDE = 16  # each submission gets its own ports: master_port + k*stride (+1+gen for the ranks)
@@ -168,13 +177,15 @@ class LocalLauncher:
         return st
 
     def cancel(self, job: Job, hard: bool = False) -> None:
-        """As scancel: SIGTERM every agent (hard: SIGKILL), SIGKILL what is left after 10 s."""
+        """As scancel: SIGTERM every agent, SIGKILL what is left after 10 s; hard: `kill_job`."""
+        if hard:
+            self.kill_job(job)
+            return
         local = self._local(job)
         local.cancelled = True
-        sig = signal.SIGKILL if hard else signal.SIGTERM
         for p in local.agents.values():
             if p.poll() is None:
-                os.killpg(p.pid, sig)
+                os.killpg(p.pid, signal.SIGTERM)
         st = self.wait(job, 10.0)
         if not st.state.finished:
             for p in local.agents.values():
@@ -183,6 +194,43 @@ class LocalLauncher:
             self.wait(job, 5.0)
         # as a scheduler ends a cancelled job's steps: nothing of it stays on its nodes
         self.cleanup(job)
+
+    def kill_job(self, job: Job) -> HardKill:
+        """SIGKILL every agent and every rank of the job on every node in one pass (ranks run in their
+        own process groups, stock torchrun's in their own sessions: the agents' groups alone would miss
+        them), again for anything started meanwhile, until nothing of the job is left."""
+        local = self._local(job)
+        local.cancelled = True
+        nodes = job.all_nodes()
+        found = {node: procs.scan(job.tag, node) for node in nodes}
+        ts = time.time()
+        for p in local.agents.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        killed: dict[str, list[procs.Proc]] = {}
+        for node, victims in found.items():
+            gone = set(procs.kill(victims))
+            killed[node] = [p for p in victims if p.pid in gone]
+        # ranks as they stood at the kill (a re-scan sees orphans re-parented away from their rank)
+        ranks = {n: count_ranks(ps) for n, ps in killed.items() if ps}
+        deadline = time.monotonic() + 10.0
+        left = {node: procs.scan(job.tag, node) for node in nodes}
+        while any(left.values()) and time.monotonic() < deadline:
+            for node, rest in left.items():  # forked after the scan (a checkpoint writer, a restart)
+                gone = set(procs.kill(rest))
+                killed[node] += [p for p in rest if p.pid in gone and p not in killed[node]]
+            time.sleep(0.05)
+            left = {node: procs.scan(job.tag, node) for node in nodes}
+        st = self.wait(job, 5.0)
+        return HardKill(
+            ts,
+            killed={n: [f"{p.pid} {p.comm}" for p in ps] for n, ps in killed.items() if ps},
+            ranks=ranks,
+            left={n: [f"{p.pid} {p.comm}" for p in ps] for n, ps in left.items() if ps},
+            agent_exit={n: c for n, c in st.exit_codes.items()},
+            job_ended=st.state.finished,
+        )
 
     # --- faults ----------------------------------------------------------------------------------
     def kill_trainer(self, job: Job, node: str) -> float:

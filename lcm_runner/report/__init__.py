@@ -87,6 +87,7 @@ def build_report(
         nccl=nccl,
         plots=drawn,
         problems=rep.problems,
+        stops=rep.stops,
         fmt=fmt,
         targets=targets,
     )

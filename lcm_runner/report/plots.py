@@ -123,6 +123,9 @@ def loss_per_rank(records: list[telemetry.Record], out: Path, title: str) -> str
     return None
 
 
+KILL_WORDS = ("SIGKILL", "cancelled")  # the resume stage's kill event (older runs: a cancel)
+
+
 def _case_windows(stages: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """(name, kill ts, recovered ts, job ids) per fault case and the resume cycle, from stage events."""
     out: list[dict[str, Any]] = []
@@ -151,11 +154,11 @@ def _case_windows(stages: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     resume = stages.get("resume")
     if resume:
         ev = [e for e in resume.get("events", []) if isinstance(e, dict)]
-        kill = next((e["ts"] for e in ev if "cancelled" in str(e.get("what", ""))), None)
+        kill = next((e["ts"] for e in ev if any(k in str(e.get("what", "")) for k in KILL_WORDS)), None)
         back = next((e["ts"] for e in ev if "first new step" in str(e.get("what", ""))), None)
         out.append(
             {
-                "name": "resume (cancel + resubmit)",
+                "name": "resume (SIGKILL of every rank + resubmit)",
                 "kill": kill,
                 "back": back,
                 "jobs": resume.get("job_ids", []),

@@ -16,6 +16,9 @@ from lcm_runner.config import Targets
 
 PASS, FAIL, SKIP, INFO = "PASS", "FAIL", "SKIP", "INFO"
 STAGES = ("baseline", "resume", "fault", "nccl_profile")
+PLAIN_TRAINER_FLAG = "--no-exit-signal-handler"
+TORCHRUN_PLAIN = "Stock torchrun restart, plain trainer (no SIGTERM handler)"
+TORCHRUN_HANDLER = "Stock torchrun restart, trainer with exit-signal handler (30 s SIGTERM grace)"
 
 
 @dataclass
@@ -49,6 +52,7 @@ class SloReport:
     problems: list[str] = field(default_factory=list)  # unreadable stage files, ...
     regressions: list[Regression] = field(default_factory=list)
     baseline_of_comparison: str | None = None
+    stops: list[str] = field(default_factory=list)  # how the measured jobs were stopped / run (stop_notes)
 
     @property
     def verdict(self) -> str:
@@ -73,6 +77,7 @@ class SloReport:
             },
             "regressions": [asdict(r) for r in self.regressions],
             "compared_with": self.baseline_of_comparison,
+            "stops": self.stops,
             "problems": self.problems,
         }
 
@@ -148,7 +153,79 @@ def _row(
     return Row(key, label, unit, v, target, PASS if v <= target else FAIL, source)
 
 
+def _fault_case(stages: dict[str, dict[str, Any]], name: str) -> dict[str, Any] | None:
+    case = (stages.get("fault") or {}).get("metrics", {}).get(name)
+    return case if isinstance(case, dict) else None
+
+
+def _torchrun_row(stages: dict[str, dict[str, Any]], name: str, plain: bool) -> Row:
+    """A stock torchrun reference, keyed and named by how its trainer ran (the case's trainer_args):
+    without the exit-signal handler (a plain Megatron user's trainer) or with it. A case recorded
+    before the flags were (no trainer_args) ran with the handler: the old key, named for that."""
+    case = _fault_case(stages, name)
+    if case is not None and "trainer_args" not in case:
+        key, label = "torchrun_restart_s", f"{TORCHRUN_HANDLER}, recorded before the plain reference"
+    else:
+        if case is not None:
+            plain = PLAIN_TRAINER_FLAG in (case.get("trainer_args") or [])
+        key = "torchrun_restart_plain_s" if plain else "torchrun_restart_handler_s"
+        label = TORCHRUN_PLAIN if plain else TORCHRUN_HANDLER
+    return _row(stages, "fault", (name, "downtime_s"), key, label, "s", None)
+
+
+def resume_kill_note(stages: dict[str, dict[str, Any]]) -> str:
+    """How the resume stage stopped its first job, from its result (empty when the stage did not run)."""
+    st = stages.get("resume")
+    if not st:
+        return ""
+    k = st.get("metrics", {}).get("kill")
+    if not isinstance(k, dict):
+        return "stopped by a cancel (a run from before the SIGKILL resume: ranks could checkpoint on SIGTERM)"
+    ranks, world = _num(k.get("ranks_killed")), _num(k.get("world_size"))
+    every = ranks is not None and ranks == world and not k.get("left")
+    who = "every rank" if every else "some ranks"
+    saved = k.get("ckpt_records_after_kill") or k.get("complete_dirs_past_ckpt") or k.get("signal_records")
+    after = (
+        f"signal records {k.get('signal_records')}, checkpoint records after the kill "
+        f"{k.get('ckpt_records_after_kill')}, complete iter dirs past {k.get('ckpt_before_kill')}: "
+        f"{k.get('complete_dirs_past_ckpt')}"
+        if saved
+        else f"nothing saved after it (latest still {k.get('latest_after_kill')})"
+    )
+    return (
+        f"after a {k.get('signal', '?')} of {who} ({fmt(ranks, '')} of {fmt(world, '')}) at step "
+        f"{fmt(_num(k.get('at_step')), '')}, {after}"
+    )
+
+
+def stop_notes(stages: dict[str, dict[str, Any]]) -> list[str]:
+    """How each job the report measures was stopped or run, for people: the resume stage's kill and the
+    trainer flags of the stock torchrun references."""
+    out = []
+    if note := resume_kill_note(stages):
+        out.append(f"resume: first job {note}")
+    for name in ("torchrun_restart_ref", "torchrun_restart_ref_handler"):
+        case = _fault_case(stages, name)
+        if case is None:
+            continue
+        row = _torchrun_row(stages, name, plain=name == "torchrun_restart_ref")
+        flags = " ".join(case.get("trainer_args") or []) or (
+            "none" if "trainer_args" in case else "not recorded"
+        )
+        out.append(f"fault {name}: {row.label}; extra trainer flags: {flags}")
+    return out
+
+
 def build_rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:
+    rows = _rows(stages, t)
+    note = resume_kill_note(stages)
+    for r in rows:
+        if r.key == "resume_s" and note and r.value is not None:
+            r.note = note
+    return rows
+
+
+def _rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:
     s = stages
     return [
         _row(s, "baseline", ("step_time_mean_s",), "step_time_mean_s", "Per-step time, mean", "s", None),
@@ -219,15 +296,8 @@ def build_rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:
             "s",
             t.node_loss_s_max,
         ),
-        _row(
-            s,
-            "fault",
-            ("torchrun_restart_ref", "downtime_s"),
-            "torchrun_restart_s",
-            "Stock torchrun restart (reference)",
-            "s",
-            None,
-        ),
+        _torchrun_row(s, "torchrun_restart_ref", plain=True),
+        _torchrun_row(s, "torchrun_restart_ref_handler", plain=False),
         _row(
             s, "fault", ("floor", "downtime_s"), "floor_s", "Floor: fresh launch from checkpoint", "s", None
         ),
@@ -277,7 +347,7 @@ def build(
 ) -> SloReport:
     stages, problems = load_stages(run_dir)
     rows = build_rows(stages, targets)
-    rep = SloReport(str(run_dir), rows, stages, asdict(targets), problems)
+    rep = SloReport(str(run_dir), rows, stages, asdict(targets), problems, stops=stop_notes(stages))
     if earlier is not None:
         rep.regressions = compare(rows, earlier, targets.regression_rel_max)
         rep.baseline_of_comparison = earlier_name

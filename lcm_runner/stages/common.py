@@ -146,6 +146,7 @@ class StageContext:
     cluster: dict[str, Any] | None = None
     step_sleep_ms: int = 0  # stretches steps so operator actions land mid-run (tiny CPU models)
     standby_nodes: int = 0  # hot spare agents for the node-loss case (local launcher)
+    torchrun_handler_ref: bool = True  # fault: also measure stock torchrun with the exit-signal handler on
     timeout_s: float = 600.0
 
     def spec(

@@ -4,7 +4,12 @@ the downtime (kill -> first new step) against a floor measured in the same run:
 
 - floor: a fresh launch of the trainer loading the same checkpoint (submission -> first new step);
 - trainer_kill: our agent (lcm_runner.launch.agent, in-place fork restarts);
-- torchrun_restart_ref: the same kill handled by stock torchrun --max-restarts;
+- torchrun_restart_ref: the same kill handled by stock torchrun --max-restarts, the trainer run the way a
+  plain Megatron user runs it: no exit-signal handler (`--no-exit-signal-handler`), so the surviving ranks
+  die at torchrun's SIGTERM instead of spending its 30 s grace on a save-on-signal attempt;
+- torchrun_restart_ref_handler (run with torchrun_restart_ref, unless the context turns it off): the same
+  with the trainer's exit-signal handler on, as our jobs run (informational, stopped after the first new
+  step: no completion check);
 - node_loss: a node's agent and ranks killed together; the survivors must give up within a bound and
   the job is requeued (Slurm) / relaunched (local), onto a spare node when there is one.
 
@@ -35,6 +40,15 @@ from lcm_runner.stages.common import (
 
 STAGE = "fault"
 LOSS_REL_TOL = 1e-2
+PLAIN_TRAINER_ARGS = ["--no-exit-signal-handler"]  # a plain Megatron user's trainer: SIGTERM just kills it
+CASE_TRAINER_ARGS = {"torchrun_restart_ref": PLAIN_TRAINER_ARGS}  # extra trainer flags per case
+CASE_LABELS = {
+    "floor": "floor: fresh launch from the checkpoint",
+    "trainer_kill": "trainer kill -9, our agent (in-place restart)",
+    "torchrun_restart_ref": "stock torchrun, plain trainer (no SIGTERM handler)",
+    "torchrun_restart_ref_handler": "stock torchrun, trainer with exit-signal handler (30 s SIGTERM grace)",
+    "node_loss": "node loss: agent + ranks of one node killed",
+}
 
 
 @dataclass
@@ -53,6 +67,11 @@ class Case:
     nodes_after: list[str] = field(default_factory=list)
     job_ids: list[str] = field(default_factory=list)
     error: str = ""
+    label: str = ""  # what was measured, for people (CASE_LABELS)
+    trainer_args: list[str] = field(default_factory=list)  # extra trainer flags of this case's job
+
+    def __post_init__(self) -> None:
+        self.label = self.label or CASE_LABELS.get(self.name, self.name)
 
 
 def _kill_plan(ctx: StageContext) -> tuple[int, int]:
@@ -129,10 +148,24 @@ def case_floor(ctx: StageContext, res: StageResult) -> Case:
 
 
 def case_trainer_kill(
-    ctx: StageContext, res: StageResult, name: str, agent: str, ref: dict[int, float]
+    ctx: StageContext,
+    res: StageResult,
+    name: str,
+    agent: str,
+    ref: dict[int, float],
+    trainer_args: list[str] | None = None,
+    run_to_end: bool = True,
 ) -> Case:
-    case = Case(name)
-    spec = ctx.spec(f"fault-{agent}", f"fault-{name}", agent=agent, max_restarts=max(1, ctx.cfg.max_restarts))
+    """kill -9 one node's trainer; `run_to_end` False: stop the job (SIGKILL) once the first new step
+    is measured, for an informational case that needs no completion check."""
+    case = Case(name, trainer_args=list(trainer_args or []))
+    spec = ctx.spec(
+        f"fault-{agent}" if not trainer_args else f"fault-{agent}-plain",
+        f"fault-{name}",
+        agent=agent,
+        max_restarts=max(1, ctx.cfg.max_restarts),
+        extra_args=case.trainer_args,
+    )
     job = ctx.launcher.submit(spec)
     case.job_ids.append(job.id)
     case.nodes_before = case.nodes_after = list(job.nodes)
@@ -153,8 +186,11 @@ def case_trainer_kill(
     seen = _agent_events(job, kill_ts, ("failure",))
     if seen:
         case.detect_s = float(seen[0]["ts"]) - kill_ts
-    st = watch.finish()
-    case.completed = job_finished_ok(st)
+    if run_to_end:
+        case.completed = job_finished_ok(watch.finish())
+    else:
+        ctx.launcher.kill_job(job)
+        watch.finish(30)
     case.leftover_processes = float(_leftovers(ctx, [job]))
     _compare(ctx, case, watch.records, kill_ts, ref)
     return case
@@ -220,19 +256,35 @@ def run(ctx: StageContext) -> StageResult:
         ("trainer_kill", lambda: case_trainer_kill(ctx, res, "trainer_kill", "lcm", ref)),
         (
             "torchrun_restart_ref",
-            lambda: case_trainer_kill(ctx, res, "torchrun_restart_ref", "torchrun", ref),
+            lambda: case_trainer_kill(
+                ctx,
+                res,
+                "torchrun_restart_ref",
+                "torchrun",
+                ref,
+                trainer_args=CASE_TRAINER_ARGS["torchrun_restart_ref"],
+            ),
+        ),
+        (
+            "torchrun_restart_ref_handler",
+            lambda: case_trainer_kill(
+                ctx, res, "torchrun_restart_ref_handler", "torchrun", ref, run_to_end=False
+            ),
         ),
         ("node_loss", lambda: case_node_loss(ctx, res, ref)),
     ]
     for name, fn in order:
-        if name not in wanted:
+        if name == "torchrun_restart_ref_handler":
+            if "torchrun_restart_ref" not in wanted or not ctx.torchrun_handler_ref:
+                continue
+        elif name not in wanted:
             continue
         ctx.progress.info(f"case {name}")
         try:
             cases[name] = fn()
         except (StageError, LaunchError) as e:
             ctx.progress.info(f"case {name} failed: {e}")
-            cases[name] = Case(name, error=str(e))
+            cases[name] = Case(name, error=str(e), trainer_args=list(CASE_TRAINER_ARGS.get(name, [])))
         c = cases[name]
         res.job_ids += [j for j in c.job_ids if j not in res.job_ids]
         ctx.progress.info(
@@ -259,7 +311,7 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
         if c.error:
             continue
         ck[f"{c.name}: no leftover processes"] = c.leftover_processes == 0
-        if c.name != "floor":
+        if c.name not in ("floor", "torchrun_restart_ref_handler"):  # the latter is stopped early
             ck[f"{c.name}: job completed after recovery"] = c.completed
     parts = []
     if (tk := cases.get("trainer_kill")) and not tk.error:
@@ -269,13 +321,15 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
                 tk.ratio_to_floor <= t.recovery_floor_ratio_max
             )
         if (ref := cases.get("torchrun_restart_ref")) and not ref.error:
-            ck["trainer_kill: faster than stock torchrun"] = tk.downtime_s < ref.downtime_s
+            ck["trainer_kill: faster than stock torchrun (plain trainer)"] = tk.downtime_s < ref.downtime_s
         ck["trainer_kill: resumed from the last checkpoint"] = tk.resumed_from_step == _kill_plan(ctx)[0]
         parts.append(f"trainer_kill {tk.downtime_s:.2f}s ({tk.ratio_to_floor:.2f}x floor)")
     if (fl := cases.get("floor")) and not fl.error:
         parts.append(f"floor {fl.downtime_s:.2f}s")
     if (ref := cases.get("torchrun_restart_ref")) and not ref.error:
-        parts.append(f"torchrun {ref.downtime_s:.2f}s")
+        parts.append(f"stock torchrun, plain trainer {ref.downtime_s:.2f}s")
+    if (refh := cases.get("torchrun_restart_ref_handler")) and not refh.error:
+        parts.append(f"stock torchrun, trainer with exit-signal handler {refh.downtime_s:.2f}s")
     if (nl := cases.get("node_loss")) and not nl.error:
         ck[f"node_loss: back within {t.node_loss_s_max:g}s"] = nl.downtime_s <= t.node_loss_s_max
         parts.append(
@@ -293,7 +347,7 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
 
 
 def case_names() -> list[str]:
-    return ["floor", "trainer_kill", "torchrun_restart_ref", "node_loss"]
+    return ["floor", "trainer_kill", "torchrun_restart_ref", "torchrun_restart_ref_handler", "node_loss"]
 
 
 __all__ = ["Case", "Path", "case_names", "run"]

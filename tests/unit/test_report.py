@@ -126,7 +126,7 @@ def full_run(run: Path, comm_fraction: float = 0.2, resume_s: float = 20.0) -> P
         [(T0 - 5, "submitted b-1"), (T0 + 0.1, "first step 1"), (t, "job b-1 COMPLETED")],
         ["b-1"],
     )
-    # resume: cancelled after step 12, resubmitted, first new step 11
+    # resume: SIGKILL of every rank after step 12, resubmitted, first new step 11
     t1 = _train(run, "r-1", range(1, 13), t + 10)
     t2 = _train(run, "r-2", range(11, 31), t1 + resume_s, attempt=0)
     _stage(
@@ -141,10 +141,22 @@ def full_run(run: Path, comm_fraction: float = 0.2, resume_s: float = 20.0) -> P
             "loss_ref": 4.67,
             "loss_resumed": 4.67,
             "loss_rel_diff": 0.0,
+            "kill": {
+                "signal": "SIGKILL",
+                "at_step": 12.0,
+                "ranks_killed": 4.0,
+                "world_size": 4.0,
+                "left": {},
+                "ckpt_before_kill": 10,
+                "latest_after_kill": 10,
+                "signal_records": 0,
+                "ckpt_records_after_kill": 0,
+                "complete_dirs_past_ckpt": [],
+            },
         },
         [
             (t + 10, "submitted r-1"),
-            (t1, "cancelled r-1 at step 12"),
+            (t1, "killed r-1 at step 12: SIGKILL of every process of the job at once (node0: 2 rank(s))"),
             (t1 + 1, "resubmitted r-2"),
             (t1 + resume_s + 0.1, "first new step 11"),
         ],
@@ -164,7 +176,14 @@ def full_run(run: Path, comm_fraction: float = 0.2, resume_s: float = 20.0) -> P
         {
             "floor": _case("floor", 2.5, ["f-0"]),
             "trainer_kill": _case("trainer_kill", 3.0, ["f-1"], ratio=1.2),
-            "torchrun_restart_ref": _case("torchrun_restart_ref", 6.0, ["f-9"], ratio=2.4),
+            "torchrun_restart_ref": {
+                **_case("torchrun_restart_ref", 6.0, ["f-9"], ratio=2.4),
+                "trainer_args": ["--no-exit-signal-handler"],
+            },
+            "torchrun_restart_ref_handler": {
+                **_case("torchrun_restart_ref_handler", 35.0, ["f-8"], ratio=14.0),
+                "trainer_args": [],
+            },
             "node_loss": _case("node_loss", 8.0, ["f-2", "f-3"], ratio=3.2),
         },
         [
@@ -206,6 +225,17 @@ def test_full_run_report(tmp_path: Path) -> None:
     assert "| NCCL/communication time / step time | 20.0 % | <= 30.0 % | PASS |" in md
     assert "| Fault recovery downtime (trainer kill -9) | 3.00 s | <= 300.00 s | PASS |" in md
     assert "| Resume: submission -> first new step | 20.00 s | <= 120.00 s | PASS |" in md
+    assert (
+        "after a SIGKILL of every rank (4 of 4) at step 12, nothing saved after it (latest still 10)"
+    ) in rows["resume_s"]["note"]
+    assert "- resume: first job after a SIGKILL of every rank (4 of 4) at step 12" in md
+    assert "| Stock torchrun restart, plain trainer (no SIGTERM handler) | 6.00 s | - | INFO |" in md
+    assert (
+        "| Stock torchrun restart, trainer with exit-signal handler (30 s SIGTERM grace) | 35.00 s | - "
+        "| INFO |"
+    ) in md
+    assert rows["torchrun_restart_plain_s"]["value"] == 6.0
+    assert rows["torchrun_restart_handler_s"]["value"] == 35.0
     assert "P2P/CUMEM" in md and "AllReduce: RING/LL RING/SIMPLE" in md
     for name in ("step_time.png", "loss_per_rank.png", "fault_timeline.png", "slo.png"):
         png = run / "plots" / name
@@ -243,7 +273,7 @@ def test_missing_stages_are_skipped_never_filled(tmp_path: Path) -> None:
     (run / "plots").mkdir()
     (run / "plots" / "fault_timeline.png").write_bytes(PNG + b"stale")
     line = build_report(run)
-    assert line.startswith("PASS: 1 SLO(s) met, 0 failed, 9 not measured")
+    assert line.startswith("PASS: 1 SLO(s) met, 0 failed, 10 not measured")
     rows = {r["key"]: r for r in json.loads((run / "slo.json").read_text())["rows"]}
     assert rows["comm_fraction"] == {
         **rows["comm_fraction"],

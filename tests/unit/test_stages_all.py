@@ -59,6 +59,14 @@ def test_all_stages_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert f["trainer_kill"]["resumed_from_step"] == 4 and f["trainer_kill"]["first_new_step"] == 5
     assert f["trainer_kill"]["downtime_s"] < f["floor"]["downtime_s"]
     assert f["trainer_kill"]["downtime_s"] < f["torchrun_restart_ref"]["downtime_s"]
+    # the torchrun reference runs a plain trainer; the handler figure is kept beside it
+    assert f["torchrun_restart_ref"]["trainer_args"] == ["--no-exit-signal-handler"]
+    assert f["torchrun_restart_ref_handler"]["trainer_args"] == []
+    assert f["torchrun_restart_ref_handler"]["first_new_step"] == 5
+    # resume: a SIGKILL of every rank, nothing saved after it
+    k = stages["resume"]["metrics"]["kill"]
+    assert k["signal"] == "SIGKILL" and k["ranks_killed"] == k["world_size"] == 2
+    assert k["signal_records"] == 0 and k["latest_after_kill"] == 4
     assert f["node_loss"]["nodes_after"] == ["local0", "local2"]
     assert all(c["leftover_processes"] == 0 for c in f.values())
     for line in (
