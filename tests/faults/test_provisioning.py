@@ -106,9 +106,8 @@ def test_node_cut_off_mid_converge_others_converge_and_it_is_named(
     assert recap[victim].get("unreachable", 0) >= 1 or recap[victim].get("failed", 0) >= 1, recap
     for h in ["lab-ctl", *others]:
         assert recap[h].get("failed", 0) == 0 and recap[h].get("unreachable", 0) == 0, (h, recap[h])
-    assert victim in [ln for ln in text.splitlines() if "UNREACHABLE" in ln or "fatal:" in ln][0], text[
-        -3000:
-    ]
+    first_bad = next(ln for ln in text.splitlines() if "UNREACHABLE" in ln or "fatal:" in ln)
+    assert victim in first_bad, text[-3000:]
     # the cluster-wide file stays right and the same for the nodes that converged
     confs = {h: _slurm_conf(h) for h in ["lab-ctl", *others]}
     assert len(set(confs.values())) == 1, "slurm.conf differs between the nodes that converged"
