@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lcm_runner.contracts import FATAL_EXIT_CODES, ExitCode
-from lcm_runner.launch import procs, zygote
+from lcm_runner.launch import nodefail, procs, zygote
 
 
 class AgentExit(IntEnum):
@@ -161,6 +161,7 @@ class Agent:
         # escape hatch: start ranks as fresh processes instead of forking the warm zygote
         self.exec_ranks = os.environ.get("LCM_AGENT_EXEC", "") == "1"
         self._awaiting: set[int] = set()  # lost peers a standby was asked to replace
+        self._deadman: nodefail.Deadman | None = None  # bounds a store call that hangs (partition)
 
     # --- store -----------------------------------------------------------------------------------
     def connect(self) -> None:
@@ -265,11 +266,41 @@ class Agent:
 
     def rendezvous(self) -> str | None:
         """All agents join generation ``gen``; returns a reason when that fails within join_timeout_s."""
+        with self._store_bounded():
+            return self._rendezvous()
+
+    @contextlib.contextmanager
+    def _store_bounded(self) -> Any:
+        """While the loop inside polls the store: a store call that hangs (this node cut off) ends
+        the agent with NODE_LOST after 2 x hb_timeout_s (nodefail.Deadman)."""
+        if self._deadman is not None:
+            self._deadman.arm()
+        try:
+            yield
+        finally:
+            if self._deadman is not None:
+                self._deadman.arm(False)
+
+    def _beat(self) -> None:
+        if self._deadman is not None:
+            self._deadman.beat()
+
+    def _store_hung(self, silent_s: float) -> None:
+        """Deadman thread: the main thread is stuck in a store call; stop the ranks and exit 76."""
+        self.ev.emit("store_error", gen=self.gen, error=f"store call blocked {silent_s:.1f}s (cut off?)")
+        self.teardown("store call blocked")
+        if self.cfg.node_rank != 0:
+            self._mark_lost(0, f"store on node0 silent {silent_s:.1f}s")
+        self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store call blocked {silent_s:.1f}s")
+        os._exit(int(AgentExit.NODE_LOST))
+
+    def _rendezvous(self) -> str | None:
         t0 = time.monotonic()
         key = f"join/{self.gen}"
         self.store.add(key, 1)
         deadline = t0 + self.cfg.join_timeout_s
         while True:
+            self._beat()
             joined = self.store.add(key, 0)
             if joined >= self.cfg.nnodes:
                 break
@@ -378,9 +409,14 @@ class Agent:
 
     def monitor(self) -> tuple[str, str]:
         """Until the generation ends: ("done"|"restart"|"lost"|"requeue"|"signalled", detail)."""
+        with self._store_bounded():
+            return self._monitor()
+
+    def _monitor(self) -> tuple[str, str]:
         key = f"restart/{self.gen}"
         next_store = 0.0
         while True:
+            self._beat()
             self._reap()
             for w in self.workers:
                 if w.code is None and w.pid in self._reaped:
@@ -474,6 +510,8 @@ class Agent:
         except Exception as e:  # node 0 never came up
             self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store: {e}")
             return int(AgentExit.NODE_LOST)
+        if not c.standby:
+            self._deadman = nodefail.Deadman(2 * c.hb_timeout_s, self._store_hung).start()
         try:
             return self.standby() if c.standby else self._loop()
         except Exception as e:  # the store host is gone (node 0 lost) or the store broke
@@ -482,8 +520,17 @@ class Agent:
                 return 0
             self.ev.emit("store_error", gen=self.gen, error=repr(e))
             self.teardown("store error")
+            if self.cfg.node_rank != 0:  # the store's host, node 0, is the one we lost
+                self._mark_lost(0, f"store on node0 unreachable: {type(e).__name__}")
             self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=f"store: {e}")
             return int(AgentExit.NODE_LOST)
+
+    def _mark_lost(self, peer: int, detail: str) -> None:
+        """Under Slurm: mark the lost peer's node DOWN ("lcm: ..."), so slurmctld ends and requeues the
+        job now instead of after SlurmdTimeout, and not onto that node (lcm_runner.launch.nodefail)."""
+        done = nodefail.mark_lost(peer, detail)
+        if done is not None:
+            self.ev.emit("node_down", gen=self.gen, **done)
 
     def _loop(self) -> int:
         c = self.cfg
@@ -494,6 +541,8 @@ class Agent:
             failed = self.rendezvous()
             if failed is not None:
                 self.ev.emit("node_lost", gen=self.gen, detail=failed)
+                if failed.startswith(f"node{self._lost_peer} heartbeat"):  # seen here, not a timeout
+                    self._mark_lost(int(self._lost_peer or 0), failed)
                 self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=failed)
                 return int(AgentExit.NODE_LOST)
             self.spawn()
@@ -521,6 +570,8 @@ class Agent:
                 if self.gen < c.max_restarts and self._request_takeover(peer, self.gen + 1):
                     self.gen += 1  # a standby becomes node `peer` in the next generation
                     continue
+                if peer == self._lost_peer:  # this agent saw the heartbeat stop (not only told)
+                    self._mark_lost(peer, detail)
                 self.ev.emit("exit", code=int(AgentExit.NODE_LOST), reason=detail)
                 return int(AgentExit.NODE_LOST)
             if self.gen >= c.max_restarts:

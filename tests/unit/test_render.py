@@ -297,3 +297,12 @@ def test_cli_render(tmp_path: Path) -> None:
         cwd=ROOT,
     )
     assert bad.returncode == 2 and "gpu.count_per_node=0" in bad.stderr
+
+
+def test_lcm_agent_sbatch_marks_lost_nodes_down(tmp_path: Path) -> None:
+    # the lcm agent's survivors mark a silent peer node DOWN (lcm_runner.launch.nodefail): the job is
+    # requeued at once instead of after SlurmdTimeout; stock torchrun cannot, so it is not enabled there
+    lab = render.render_run(_cluster(LAB), _cfg("lab.yml"), tmp_path / "lab").sbatch.read_text()
+    assert "export LCM_NODE_LOST_DOWN=1" in lab
+    ref = render.render_run(_cluster(LAB), _cfg("lab.yml", agent="torchrun"), tmp_path / "t").sbatch
+    assert "LCM_NODE_LOST_DOWN" not in ref.read_text()

@@ -175,3 +175,27 @@ def test_entries_join_continuations_and_ignore_case_and_spacing() -> None:
     assert slurm_conf_filter.slurm_restart_keys_changed(a, b, ["NodeName"]) == ["NodeName"]  # value case kept
     c = "NodeName=a CPUs=2 \\\n RealMemory=10\n"
     assert slurm_conf_filter.slurm_restart_keys_changed(c, b, ["NodeName"]) == []
+
+
+def test_node_watchdog_conf_and_unit() -> None:
+    conf = render("slurm", "lcm-node-watchdog.conf.j2", _vars(LAB))
+    assert "LCM_WD_INTERVAL_S=10\n" in conf and "LCM_WD_HOLDDOWN_S=60\n" in conf
+    assert "LCM_WD_HEALTHCHECK=/etc/slurm/lcm-healthcheck.sh\n" in conf
+    lab = render(
+        "slurm",
+        "lcm-node-watchdog.conf.j2",
+        _vars(LAB, slurm_node_watchdog_interval_s=3, slurm_node_watchdog_holddown_s=20),
+    )
+    assert "LCM_WD_INTERVAL_S=3\n" in lab and "LCM_WD_HOLDDOWN_S=20\n" in lab
+    unit = render("slurm", "lcm-node-watchdog.service.j2", _vars(LAB))
+    assert "ExecStart=/etc/slurm/lcm-node-watchdog.sh /etc/slurm/lcm-node-watchdog.conf" in unit
+    assert "Restart=always" in unit and "WantedBy=multi-user.target" in unit
+
+
+def test_node_watchdog_runs_on_compute_nodes_only() -> None:
+    from _role_render import evaluate
+
+    assert evaluate("slurm", "_slurm_watchdog_wanted | bool", _vars(LAB)) is True
+    assert evaluate("slurm", "_slurm_watchdog_wanted | bool", _vars(LAB, inventory_hostname="ctl")) is False
+    off = _vars(LAB, slurm_node_watchdog_enabled=False)
+    assert evaluate("slurm", "_slurm_watchdog_wanted | bool", off) is False
