@@ -243,7 +243,12 @@ class SlurmLauncher:
             self._on_node(job, node, "kill-all")
 
     def _resume_drained(self) -> None:
+        """Resume the nodes this launcher drained, unless something else has marked them since (an
+        agent's "lcm: ..." DOWN after a real node death, an operator): those stay as they are."""
         for node in self._drained:
+            reason = self._sh("sinfo", "-h", "-N", "-n", node, "-o", "%E", check=False).strip()
+            if reason and reason != "lcm-fault-node-loss":
+                continue
             self._sh("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
         self._drained.clear()
 

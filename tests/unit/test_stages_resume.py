@@ -262,3 +262,26 @@ def test_slurm_kill_job_whose_step_filter_finds_no_rank_kills_every_process_at_o
     assert [("--node" in " ".join(c)) for c in sruns] == [True, False]  # the unfiltered kill right after
     assert not [c for c in fake.calls if c[0] == "scancel"] and kill.job_ended
     assert kill.ranks_killed == 2 and kill.left == {}
+
+
+def test_slurm_resumes_only_the_nodes_it_drained_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node the launcher drained for the fault stage is resumed; one an agent has since marked DOWN
+    after a real death ("lcm: ...") is left for the node watchdog."""
+    calls: list[list[str]] = []
+    reasons = {"lab-node1": "lcm-fault-node-loss", "lab-node2": "lcm: agent heartbeat lost: node1"}
+
+    def fake(argv: list[str], **_kw: Any) -> str:
+        calls.append(list(argv))
+        if argv[:2] == ["sinfo", "-h"]:
+            return reasons[argv[argv.index("-n") + 1]] + "\n"
+        return ""
+
+    cfg = from_dict({**CFG, "launcher": "slurm", "python": PY})
+    launcher = SlurmLauncher({}, cfg, run_cmd=fake)
+    launcher._drained = ["lab-node1", "lab-node2"]
+    launcher._resume_drained()
+    resumed = [c for c in calls if c[:2] == ["scontrol", "update"]]
+    assert resumed == [["scontrol", "update", "NodeName=lab-node1", "State=RESUME"]]
+    assert launcher._drained == []
