@@ -2,22 +2,53 @@
 compute node's slurmd SIGKILLed and started again mid-job. Training must go on (or requeue from the last
 checkpoint); no step may be lost beyond the last checkpoint.
 
-Needs the lab up (three compute nodes, like tests/faults/test_node_faults.py, whose job harness this
-reuses):  pytest -m lab tests/faults/test_control_plane.py -s
+Needs the lab up with two compute nodes or more (it reuses the job harness of
+tests/faults/test_node_faults.py): LCM_LAB=1 pytest -m lab tests/faults/test_control_plane.py -s.
+molecule verify runs it (the lab's CI subset of the matrix).
 """
 
 from __future__ import annotations
 
 import itertools
+import shutil
 import time
 from typing import Any
 
 import pytest
 from faultmatrix import Matrix, Row
-from test_node_faults import Case, _ctl, _node_state, _run, _victim_and_spare, _wait
-from test_node_faults import lab as lab
+from test_node_faults import CTL, FORCED, LAB, RUNNER, Case, _compute_nodes, _ctl, _node_state, _run, _wait
 
 pytestmark = pytest.mark.lab
+
+
+@pytest.fixture(scope="module")
+def lab() -> list[str]:
+    """The lab with at least two compute nodes (no spare needed: nothing here moves the job)."""
+
+    def unavailable(why: str) -> None:
+        if FORCED:
+            pytest.fail(f"LCM_LAB=1 but {why}")
+        pytest.skip(why)
+
+    if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
+        unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
+    if _ctl("sinfo", "-h").returncode != 0:
+        unavailable("Slurm does not answer on the lab controller")
+    if _ctl("test", "-x", RUNNER).returncode != 0:
+        unavailable(f"{RUNNER} is not installed on {CTL}")
+    nodes = sorted(set(_compute_nodes()))
+    if len(nodes) < 2:
+        unavailable(f"needs 2 compute nodes, the lab has {nodes}")
+    for n in nodes:
+        _wait(lambda n=n: _node_state(n)[0] == "idle", 120, 1, f"{n} idle before the test")
+    return nodes
+
+
+def _running_nodes(case: Case) -> list[str]:
+    running = _wait(case.nodes, 240, 0.5, f"job {case.job} running")
+    assert len(running) == 2, running
+    return running
+
 
 MAX_GAP_S = 30.0  # the longest pause between two training steps a control-plane fault may cause
 
@@ -57,7 +88,7 @@ def test_slurmctld_restart_mid_job_training_goes_on(
     case = Case("ctld-restart")
     try:
         case.submit()
-        _victim_and_spare(case, lab)
+        _running_nodes(case)
         case.wait_mid_run()
         t0 = time.time()
         p = _ctl("systemctl", "restart", "slurmctld", timeout=120)
@@ -98,7 +129,7 @@ def test_slurmd_killed_and_restarted_mid_job_loses_nothing(
     victim = ""
     try:
         case.submit()
-        victim, _survivors, _spare = _victim_and_spare(case, lab)
+        victim = _running_nodes(case)[1]
         case.wait_mid_run()
         t0 = time.time()
         p = _run(["podman", "exec", victim, "pkill", "-KILL", "-x", "slurmd"])

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
+from faultmatrix import Matrix, Row
 
 from lcm_runner.launch import nodefail
 
@@ -306,7 +307,9 @@ def _victim_and_spare(case: Case, nodes: list[str]) -> tuple[str, list[str], str
 
 
 @pytest.mark.lab
-def test_node_killed_requeues_on_spare_and_node_returns(lab: list[str]) -> None:
+def test_node_killed_requeues_on_spare_and_node_returns(
+    lab: list[str], matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
     case = Case("kill")
     victim = ""
     try:
@@ -325,6 +328,21 @@ def test_node_killed_requeues_on_spare_and_node_returns(lab: list[str]) -> None:
         case.metrics["start_to_idle_s"] = round(time.time() - t2, 2)
         assert _run(["podman", "exec", victim, "test", "-w", "/shared/checkpoints"]).returncode == 0
         assert back <= NODE_BACK_MAX_S, case.metrics
+        m = case.metrics
+        matrix.record(
+            Row(
+                fault="node killed (container SIGKILL), spare idle",
+                injected=f"podman kill --signal KILL {victim} after checkpoint {m['last_ckpt']} + 2 steps",
+                detected_s=m["detect_s"],
+                recovered=True,
+                downtime_s=m["first_new_step_s"],
+                steps_lost=m["first_new_step"] - m["last_ckpt"] - 1,
+                good_ckpts_lost=0,
+                notes=f"marked DOWN {m['node_down_s']} s, step ended {m['step_ended_s']} s, requeued onto "
+                f"{','.join(m['nodes_after'])}; podman start -> idle {m['start_to_idle_s']} s",
+            ),
+            request,
+        )
         victim = ""
     finally:
         case.close()
@@ -333,7 +351,9 @@ def test_node_killed_requeues_on_spare_and_node_returns(lab: list[str]) -> None:
 
 
 @pytest.mark.lab
-def test_partition_requeues_and_node_returns_by_itself(lab: list[str]) -> None:
+def test_partition_requeues_and_node_returns_by_itself(
+    lab: list[str], matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
     case = Case("partition", train_iters=120)
     victim, ip, healed = "", "", True
     try:
@@ -388,6 +408,22 @@ def test_partition_requeues_and_node_returns_by_itself(lab: list[str]) -> None:
         p = _ctl("srun", "-w", victim, "-N1", "-n1", "-t", "1", "hostname", timeout=90)
         assert p.returncode == 0 and p.stdout.strip() == victim, (p.stdout, p.stderr)
         case.wait_done()
+        m = case.metrics
+        matrix.record(
+            Row(
+                fault=f"network partition of a node ({PARTITION_S:.0f} s)",
+                injected=f"podman network disconnect of {victim}, reconnected with its address",
+                detected_s=m["detect_s"],
+                recovered=True,
+                downtime_s=m["first_new_step_s"],
+                steps_lost=m["first_new_step"] - m["last_ckpt"] - 1,
+                good_ckpts_lost=0,
+                notes=f"marked DOWN {m['node_down_s']} s, requeued onto {','.join(m['nodes_after'])}; "
+                f"cut side exit 76 after {m['cut_side_exit_s']} s; "
+                f"network back -> idle {m['heal_to_idle_s']} s, srun on it ran",
+            ),
+            request,
+        )
     finally:
         case.close()
         if victim and not healed:
@@ -395,7 +431,9 @@ def test_partition_requeues_and_node_returns_by_itself(lab: list[str]) -> None:
 
 
 @pytest.mark.lab
-def test_node_killed_without_spare_waits_and_resumes_when_it_returns(lab: list[str]) -> None:
+def test_node_killed_without_spare_waits_and_resumes_when_it_returns(
+    lab: list[str], matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
     """No idle spare (the third node drained for the test): the requeued job waits (the killed node is
     DOWN) and starts again, from the last checkpoint, once the node is back."""
     case = Case("kill-nospare")
@@ -436,6 +474,21 @@ def test_node_killed_without_spare_waits_and_resumes_when_it_returns(lab: list[s
         print(json.dumps(case.metrics, indent=1))
         assert got["step"]["step"] == case.last_ckpt_before(t0) + 1, case.metrics
         assert set(case.nodes()) == {victim, *survivors}, case.metrics
+        m = case.metrics
+        matrix.record(
+            Row(
+                fault="node killed, no spare",
+                injected=f"podman kill --signal KILL {victim}, the third node drained; podman start later",
+                detected_s=None,
+                recovered=True,
+                downtime_s=m["start_to_first_step_s"],
+                steps_lost=m["first_new_step"] - m["last_ckpt"] - 1,
+                good_ckpts_lost=0,
+                notes="requeued job PENDING while the node was DOWN; downtime counted from podman start "
+                f"(the node back) to the first new step {m['first_new_step']} = checkpoint + 1",
+            ),
+            request,
+        )
         victim = ""
         case.wait_done()
     finally:
