@@ -114,12 +114,8 @@ def test_node_cut_off_mid_converge_others_converge_and_it_is_named(
     assert confs["lab-ctl"] == before and f"NodeName={victim} " in before
     _wait(lambda: _ctl("sinfo", "-h").returncode == 0, 60, 1, "slurmctld")
     # the node back on the network: the next converge completes with no manual repair
-    _wait(
-        lambda: _run(["podman", "exec", "lab-ctl", "ping", "-c1", "-W1", victim]).returncode == 0,
-        60,
-        1,
-        victim,
-    )
+    ssh_port = ["podman", "exec", "lab-ctl", "timeout", "2", "bash", "-c", f"exec 3<>/dev/tcp/{victim}/22"]
+    _wait(lambda: _run(ssh_port).returncode == 0, 60, 1, f"{victim}'s ssh port")
     rc2, text2 = _playbook(lab, tmp_path / "again.log", "--tags", "slurm")
     assert rc2 == 0, text2[-3000:]
     assert all(r.get("failed", 0) == 0 and r.get("unreachable", 0) == 0 for r in _recap(text2).values())
