@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import testinfra
-from conftest import cluster_spec
+from conftest import cluster_spec, role_defaults
 
 UP_STATES = {"idle", "mixed", "allocated", "completing"}
 
@@ -48,6 +48,26 @@ def test_compute_runs_slurmd_only(host: Any) -> None:
     assert host.service("slurmd").is_enabled
     assert not host.service("slurmctld").is_running
     assert not host.service("slurmctld").is_enabled
+
+
+@pytest.mark.groups("controller", "compute")
+def test_daemons_listen_on_the_cluster_interface(host: Any) -> None:
+    """Unless the spec sets slurm.bind_any_address, slurmctld/slurmd listen on the address the node's
+    name resolves to, never on every address (0.0.0.0 / [::])."""
+    spec = cluster_spec(host)
+    d = role_defaults("slurm")
+    ports = {"slurmctld": d["slurm_slurmctld_port"], "slurmd": d["slurm_slurmd_port"]}
+    name = next(d for d in ports if host.service(d).is_running)
+    listening = [
+        line.split()[3]
+        for line in host.check_output("ss -Hltn").splitlines()
+        if line.split()[3].rsplit(":", 1)[-1] == str(ports[name])
+    ]
+    assert listening, f"{name} listens on no address with port {ports[name]}"
+    if spec["slurm"].get("bind_any_address", False):
+        return
+    me = host.check_output("getent ahostsv4 $(hostname) | awk 'NR==1{print $1}'").strip()
+    assert listening == [f"{me}:{ports[name]}"], (name, listening, me)
 
 
 def test_same_slurm_conf_everywhere(host: Any) -> None:

@@ -199,3 +199,15 @@ def test_node_watchdog_runs_on_compute_nodes_only() -> None:
     assert evaluate("slurm", "_slurm_watchdog_wanted | bool", _vars(LAB, inventory_hostname="ctl")) is False
     off = _vars(LAB, slurm_node_watchdog_enabled=False)
     assert evaluate("slurm", "_slurm_watchdog_wanted | bool", off) is False
+
+
+def test_daemons_bind_the_cluster_interface_unless_the_spec_says_otherwise() -> None:
+    conf = _conf(render("slurm", "slurm.conf.j2", _vars(LAB)))
+    assert conf["communicationparameters"] == ["CommunicationParameters=NoInAddrAny"]
+    spec = copy.deepcopy(LAB)
+    spec["slurm"]["bind_any_address"] = True
+    assert "communicationparameters" not in _conf(render("slurm", "slurm.conf.j2", _vars(spec)))
+    old = render("slurm", "slurm.conf.j2", _vars(spec))
+    new = render("slurm", "slurm.conf.j2", _vars(LAB))
+    # a listening change needs the daemons restarted, not scontrol reconfigure
+    assert slurm_conf_filter.slurm_restart_keys_changed(old, new, RESTART_KEYS) == ["CommunicationParameters"]
