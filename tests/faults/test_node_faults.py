@@ -57,6 +57,29 @@ def _run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[st
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _net_identity(node: str) -> tuple[str, str]:
+    """The node's address and MAC on the lab network: a reconnect keeps both, as a re-plugged cable
+    does (a new MAC would leave the peers' neighbour caches pointing at the old one: seconds of stalls
+    on the first connections, which real nodes do not see)."""
+    fmt = '{{(index .NetworkSettings.Networks "' + NETWORK + '").IPAddress}}|'
+    fmt += '{{(index .NetworkSettings.Networks "' + NETWORK + '").MacAddress}}'
+    ip, _, mac = _run(["podman", "inspect", node, "--format", fmt]).stdout.strip().partition("|")
+    return ip, mac
+
+
+def reconnect_argv(node: str, ip: str, mac: str) -> list[str]:
+    return [
+        "podman",
+        "network",
+        "connect",
+        "--ip",
+        ip,
+        *(["--mac-address", mac] if mac else []),
+        NETWORK,
+        node,
+    ]
+
+
 def _ctl(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return _run(["podman", "exec", CTL, *argv], timeout)
 
@@ -355,19 +378,11 @@ def test_partition_requeues_and_node_returns_by_itself(
     lab: list[str], matrix: Matrix, request: pytest.FixtureRequest
 ) -> None:
     case = Case("partition", train_iters=120)
-    victim, ip, healed = "", "", True
+    victim, ip, mac, healed = "", "", "", True
     try:
         case.submit()
         victim, survivors, spare = _victim_and_spare(case, lab)
-        ip = _run(
-            [
-                "podman",
-                "inspect",
-                victim,
-                "--format",
-                '{{(index .NetworkSettings.Networks "' + NETWORK + '").IPAddress}}',
-            ]
-        ).stdout.strip()
+        ip, mac = _net_identity(victim)
         assert ip, "no IP of the victim on the lab network"
         case.wait_mid_run()
         t0 = time.time()
@@ -396,7 +411,7 @@ def test_partition_requeues_and_node_returns_by_itself(
         assert exits[0]["code"] == 76 and exits[0]["ts"] - t0 <= 2 * float(case.cfg["hb_timeout_s"]) + 3
         time.sleep(max(0.0, t0 + PARTITION_S - time.time()))
         t1 = time.time()
-        p = _run(["podman", "network", "connect", "--ip", ip, NETWORK, victim])
+        p = _run(reconnect_argv(victim, ip, mac))
         assert p.returncode == 0, p.stderr
         healed = True
         addr = _run(["podman", "exec", victim, "ip", "-br", "-4", "addr", "show", "eth0"]).stdout
@@ -427,7 +442,7 @@ def test_partition_requeues_and_node_returns_by_itself(
     finally:
         case.close()
         if victim and not healed:
-            _run(["podman", "network", "connect", "--ip", ip, NETWORK, victim] if ip else ["true"])
+            _run(reconnect_argv(victim, ip, mac) if ip else ["true"])
 
 
 @pytest.mark.lab

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from faultmatrix import Matrix, Row
-from test_node_faults import NETWORK, ROOT, _ctl, _run, _wait
+from test_node_faults import NETWORK, ROOT, _ctl, _net_identity, _run, _wait, reconnect_argv
 from test_node_faults import lab as lab
 
 pytestmark = pytest.mark.lab
@@ -75,15 +75,7 @@ def test_node_cut_off_mid_converge_others_converge_and_it_is_named(
 ) -> None:
     victim = lab[-1]
     others = [n for n in lab if n != victim]
-    ip = _run(
-        [
-            "podman",
-            "inspect",
-            victim,
-            "--format",
-            '{{(index .NetworkSettings.Networks "' + NETWORK + '").IPAddress}}',
-        ]
-    ).stdout.strip()
+    ip, mac = _net_identity(victim)
     assert ip
     before = _slurm_conf("lab-ctl")
     cut = {"t": 0.0}
@@ -99,7 +91,7 @@ def test_node_cut_off_mid_converge_others_converge_and_it_is_named(
         took = time.time() - t0
     finally:
         if cut["t"]:
-            _run(["podman", "network", "connect", "--ip", ip, NETWORK, victim])
+            _run(reconnect_argv(victim, ip, mac))
     assert cut["t"], "the slurm layer never started"
     recap = _recap(text)
     assert rc != 0, "an unreachable host must fail the run"
