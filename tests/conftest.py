@@ -1,8 +1,30 @@
-"""Shared by every test directory: tests/support (helpers for multi-process trainer runs) on sys.path."""
+"""Shared by every test directory: tests/support (helpers for multi-process trainer runs, the fault
+matrix's rows) on sys.path, and the fault matrix's `matrix` fixture.
+
+The fault matrix (tests/faults): each test injects one fault and records one row (fault | injected how |
+detected after | recovered | downtime | steps lost beyond the last checkpoint | good checkpoints lost).
+Rows go to $LCM_FAULTS_RESULTS (JSON lines) when it is set: `scripts/faults` sets it and renders
+docs/reliability.md's table from it. `-m "not lab and not full"` is the time-boxed subset CI runs.
+
+Only this conftest and tests/unit's, tests/infra's exist: tests/infra's modules import helpers with
+`from conftest import ...`, which a conftest.py loaded after theirs (e.g. one in tests/faults) would
+shadow when both directories are collected in one run (molecule verify does).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
+
+from faultmatrix import Matrix
+
+
+@pytest.fixture(scope="session")
+def matrix() -> Matrix:
+    out = os.environ.get("LCM_FAULTS_RESULTS")
+    return Matrix(Path(out) if out else None)

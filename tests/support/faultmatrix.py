@@ -1,4 +1,4 @@
-"""The fault matrix's rows (see tests/faults/conftest.py)."""
+"""The fault matrix's rows; the `matrix` fixture that records them is in tests/conftest.py."""
 
 from __future__ import annotations
 
