@@ -5,7 +5,12 @@ Every form an accident would produce is looked for: the raw bytes (a 32-byte run
 whole key and a 64-character aligned prefix), hex (the first 32 bytes). The key's file itself is
 0400 munge:munge (tests/infra/test_munge.py).
 
-Runs with the lab up (LCM_LAB=1 forces): pytest -m lab tests/lab/test_secrets_leak.py
+Runs with the lab up (LCM_LAB=1 forces): pytest -m lab tests/faults/test_secrets_leak.py (part of
+scripts/faults, not of molecule verify).
+
+Open finding (2026-12-01): the key's bytes are found under /var/lib/lcm on every node: the generation
+store keeps copies of managed files for rollback, /etc/munge/munge.key among them. The node-log case is
+marked xfail(strict) until the generations stop copying secrets (a pass then fails the xfail: remove it).
 """
 
 from __future__ import annotations
@@ -99,6 +104,9 @@ def test_not_in_ansible_output_of_a_converge(needles: dict[str, bytes], tmp_path
     assert not _found(out, needles), _found(out, needles)
 
 
+@pytest.mark.xfail(
+    strict=True, reason="the generation store (/var/lib/lcm) keeps a copy of the munge key for rollback"
+)
 @pytest.mark.parametrize("node", NODES)
 def test_not_in_any_node_log(needles: dict[str, bytes], node: str) -> None:
     journal = _exec(node, "journalctl", "--no-pager", "-o", "cat")
