@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from lcm_runner.config import ConfigError, RunConfig, load_cluster, load_run_config
-from lcm_runner.launch.base import AGENTS, LaunchError
+from lcm_runner.contracts import AGENTS
+from lcm_runner.launch.base import LaunchError
 
 STAGE_COMMANDS = ("baseline", "resume", "fault", "nccl-profile", "all")
 # Modules of the other parts that expose add_parser(subparsers); registered when importable.

@@ -16,10 +16,9 @@ from typing import Any
 
 import yaml
 
+from lcm_runner.contracts import AGENTS, LAUNCHERS
 from lcm_runner.spec.safe import COMMAND_RE, PARTITION_RE, path_inside, path_problem
 
-LAUNCHERS = ("slurm", "torchrun")
-AGENTS = ("torchrun", "lcm")  # the per-node agent: stock torchrun, or lcm_runner.launch.agent
 FAULT_CASES = ("trainer_kill", "node_loss", "torchrun_restart_ref", "floor")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 _SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")

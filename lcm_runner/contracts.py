@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+LAUNCHERS = ("slurm", "torchrun")  # how a stage's jobs are started: an sbatch job, or torchrun over ssh
+AGENTS = ("lcm", "torchrun")  # the per-node agent: lcm_runner.launch.agent, or stock torchrun
+
 
 class ExitCode(IntEnum):
     """Trainer exit codes, read by the sbatch script and the torchrun launcher."""

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-AGENTS = ("lcm", "torchrun")
+from lcm_runner.contracts import AGENTS
 
 
 class LaunchError(RuntimeError):
