@@ -1,7 +1,11 @@
 """Command-line arguments of `lcm-runner train`, named as in Megatron-LM's pretrain_gpt.py.
 
-`parse_args(argv)` returns a `TrainArgs` dataclass; `validate(args, world_size)` raises `ArgError`
-with a specific message for anything this build cannot honour, before any state is touched.
+`parse_args(argv)` returns a `TrainArgs` dataclass; `validate_static(args)` and
+`validate_world(args, world_size)` raise `ArgError` with a specific message for anything this build cannot
+honour, before any state is touched. The model-shape and parallel-layout rules are in rules.py, shared
+with the run config's validation (lcm_runner/config/validation.py); the flag-only rules stay here.
+
+Over ~300 lines because the parser lists every flag with its help text in one place.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import argparse
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+from .rules import VOCAB_SIZE_DEFAULT, Names, Problem, Shape, shape_problems
 
 
 class ArgError(ValueError):
@@ -115,7 +121,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--moe-router-topk", type=int, default=2)
     g.add_argument("--moe-token-dispatcher-type", choices=("alltoall", "allgather"), default="alltoall")
     g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
-    g.add_argument("--vocab-size", type=int, default=256, help="synthetic data vocabulary (and model's)")
+    g.add_argument(
+        "--vocab-size", type=int, default=VOCAB_SIZE_DEFAULT, help="synthetic data vocabulary (and model's)"
+    )
     g = p.add_argument_group("batch and parallelism")
     g.add_argument("--micro-batch-size", type=int, required=True)
     g.add_argument("--global-batch-size", type=int, default=None, help="default: micro batch x DP size")
@@ -275,63 +283,24 @@ def parse_args(argv: list[str] | None = None) -> TrainArgs:
     return args
 
 
-def _positive(args: TrainArgs, *names: str) -> None:
-    for n in names:
-        v = getattr(args, n)
-        if v is not None and v <= 0:
-            raise ArgError(f"--{n.replace('_', '-')} must be > 0 (got {v})")
+# The shape and layout rules (lcm_runner/train/rules.py, shared with the run config), named as flags.
+FLAG_NAMES = Names({"world_size": "world size"}, style="flag")
+
+
+def _raise_first(problems: list[Problem]) -> None:
+    if problems:
+        raise ArgError("; ".join(str(p) for p in problems))
 
 
 def validate_static(args: TrainArgs) -> None:
-    """Checks that need no process group. Raises ArgError."""
-    _positive(
-        args,
-        "num_layers",
-        "hidden_size",
-        "num_attention_heads",
-        "seq_length",
-        "micro_batch_size",
-        "global_batch_size",
-        "tensor_model_parallel_size",
-        "pipeline_model_parallel_size",
-        "expert_model_parallel_size",
-        "expert_tensor_parallel_size",
-        "train_iters",
-        "vocab_size",
-        "ffn_hidden_size",
-        "distributed_timeout_minutes",
-        "log_interval",
-    )
-    if args.num_experts is not None and args.num_experts <= 0:
-        raise ArgError(f"--num-experts must be > 0 (got {args.num_experts})")
-    if args.hidden_size % args.num_attention_heads:
-        raise ArgError(
-            f"--hidden-size {args.hidden_size} is not divisible by --num-attention-heads "
-            f"{args.num_attention_heads}"
-        )
-    if args.pp > 1:
-        raise ArgError(
-            "--pipeline-model-parallel-size > 1 is not implemented by this engine (its schedule is "
-            "megatron's get_forward_backward_func, which is not wired up here); use TP/EP/DP"
-        )
+    """Checks that need no process group. Raises ArgError naming every broken shape rule at once, else
+    the first trainer-only problem."""
+    _raise_first(shape_problems(Shape.of(args), FLAG_NAMES))
+    for name in ("distributed_timeout_minutes", "log_interval"):
+        if getattr(args, name) <= 0:
+            raise ArgError(f"--{name.replace('_', '-')} {getattr(args, name)}: expected > 0")
     if args.fp16:
         raise ArgError("--fp16 is not supported (no loss scaler wired up); use --bf16")
-    if args.num_experts is None:
-        if args.ep > 1:
-            raise ArgError("--expert-model-parallel-size > 1 needs --num-experts")
-    else:
-        if args.num_experts % args.ep:
-            raise ArgError(
-                f"--num-experts {args.num_experts} is not divisible by --expert-model-parallel-size {args.ep}"
-            )
-        if not 1 <= args.moe_router_topk <= args.num_experts:
-            raise ArgError(
-                f"--moe-router-topk {args.moe_router_topk} must be in 1..--num-experts ({args.num_experts})"
-            )
-    if args.max_position_embeddings is not None and args.max_position_embeddings < args.seq_length:
-        raise ArgError(
-            f"--max-position-embeddings {args.max_position_embeddings} < --seq-length {args.seq_length}"
-        )
     if args.save_interval < 0 or args.keep_last < 0:
         raise ArgError("--save-interval and --keep-last must be >= 0")
     for name in ("max_nonfinite_skips", "max_nonfinite_rewinds", "fault_nan_attempts"):
@@ -350,29 +319,12 @@ def validate_static(args: TrainArgs) -> None:
         for ext in (".bin", ".idx"):
             if not Path(str(prefix) + ext).is_file():
                 raise ArgError(f"--data-path {args.data_path}: {prefix}{ext} does not exist")
-    if args.device == "cpu" and args.bf16:
-        raise ArgError("--bf16 is a GPU option (Float16Module); CPU runs train in fp32")
 
 
 def validate_world(args: TrainArgs, world_size: int) -> int:
     """Checks against the launched world size; returns the data-parallel size. Raises ArgError."""
-    mp = args.tp * args.pp
-    if world_size % mp:
-        raise ArgError(f"world size {world_size} is not divisible by TP x PP = {mp}")
-    dp = world_size // mp
-    etp = args.expert_tensor_parallel_size or args.tp
-    if world_size % (args.ep * etp * args.pp):
-        raise ArgError(
-            f"world size {world_size} is not divisible by EP x ETP x PP = {args.ep * etp * args.pp}"
-        )
-    if args.num_attention_heads % args.tp:
-        raise ArgError(f"--num-attention-heads {args.num_attention_heads} is not divisible by TP {args.tp}")
-    gbs = args.global_batch_size or args.micro_batch_size * dp
-    if gbs % (args.micro_batch_size * dp):
-        raise ArgError(
-            f"--global-batch-size {gbs} is not divisible by micro batch {args.micro_batch_size} x DP {dp}"
-        )
-    return dp
+    _raise_first(shape_problems(Shape.of(args), FLAG_NAMES, world_size))
+    return world_size // (args.tp * args.pp)
 
 
 def resolve_telemetry_dir(args: TrainArgs) -> Path:

@@ -24,20 +24,57 @@ def test_valid_minimal_parses_with_megatron_names() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--pipeline-model-parallel-size", "2"], "pipeline-model-parallel-size > 1 is not implemented"),
+        (
+            ["--pipeline-model-parallel-size", "2"],
+            "--pipeline-model-parallel-size 2: expected 1: pipeline parallelism is not implemented",
+        ),
         (["--fp16"], "--fp16 is not supported"),
         (
             ["--expert-model-parallel-size", "3"],
-            "--num-experts 4 is not divisible by --expert-model-parallel-size 3",
+            "--num-experts 4: expected a multiple of --expert-model-parallel-size (3)",
         ),
-        (["--moe-router-topk", "5"], "--moe-router-topk 5 must be in 1..--num-experts (4)"),
-        (["--hidden-size", "66"], "--hidden-size 66 is not divisible by --num-attention-heads 4"),
+        (["--moe-router-topk", "5"], "--moe-router-topk 5: expected in 1..--num-experts (4)"),
+        (["--hidden-size", "66"], "--hidden-size 66: expected a multiple of --num-attention-heads (4)"),
         (["--save-interval", "2"], "--save-interval needs --save"),
         (["--async-save"], "--async-save needs --save"),
         (["--data-path", "/nonexistent/corpus"], "/nonexistent/corpus.bin does not exist"),
-        (["--device", "cpu", "--bf16"], "--bf16 is a GPU option"),
-        (["--micro-batch-size", "0"], "--micro-batch-size must be > 0 (got 0)"),
-        (["--max-position-embeddings", "16"], "--max-position-embeddings 16 < --seq-length 32"),
+        (["--device", "cpu", "--bf16"], "--bf16: expected no bf16 with --device (cpu): bf16 is a GPU option"),
+        (["--micro-batch-size", "0"], "--micro-batch-size 0: expected a positive integer (> 0)"),
+        (
+            ["--max-position-embeddings", "16"],
+            "--max-position-embeddings 16: expected at least --seq-length (32)",
+        ),
+        # rules megatron-core itself enforces at start-up, caught before any process group
+        (
+            ["--tensor-model-parallel-size", "8", "--num-attention-heads", "4"],
+            "--num-attention-heads 4: expected a multiple of --tensor-model-parallel-size (8)",
+        ),
+        (
+            ["--moe-router-topk", "1"],
+            "--moe-router-topk 1: expected at least 2: megatron refuses top-1 routing without a pre-softmax",
+        ),
+        (
+            ["--tensor-model-parallel-size", "2", "--ffn-hidden-size", "129"],
+            "--ffn-hidden-size 129: expected a multiple of --tensor-model-parallel-size (2)",
+        ),
+        (
+            ["--tensor-model-parallel-size", "2", "--vocab-size", "101"],
+            "--vocab-size 101: expected a multiple of --tensor-model-parallel-size (2)",
+        ),
+        (
+            ["--tensor-model-parallel-size", "4", "--seq-length", "30"],
+            "--seq-length 30: expected a multiple of --tensor-model-parallel-size (4) (sequence parallelism, "
+            "implied by MoE with TP > 1)",
+        ),
+        (
+            ["--sequence-parallel"],
+            "--sequence-parallel: expected --tensor-model-parallel-size (1) > 1 (megatron refuses it)",
+        ),
+        (["--seed", "-1"], "--seed -1: expected in 0..9223372036854775807"),
+        (
+            ["--device", "cpu", "--use-flash-attn"],
+            "--use-flash-attn: expected no flash attention with --device (cpu)",
+        ),
     ],
 )
 def test_static_errors_are_specific(extra: list[str], message: str) -> None:
@@ -48,17 +85,20 @@ def test_static_errors_are_specific(extra: list[str], message: str) -> None:
 
 def test_dense_model_cannot_have_expert_parallelism() -> None:
     argv = [*BASE[:-2], "--expert-model-parallel-size", "2"]  # BASE ends with --num-experts 4
-    with pytest.raises(ArgError, match="needs --num-experts"):
+    with pytest.raises(ArgError, match=r"expected 1 for a dense model \(--num-experts not set\)"):
         parse_args(argv)
 
 
 @pytest.mark.parametrize(
     ("extra", "world", "message"),
     [
-        (["--tensor-model-parallel-size", "2"], 3, "world size 3 is not divisible by TP x PP = 2"),
-        (["--expert-model-parallel-size", "4"], 2, "not divisible by EP x ETP x PP = 4"),
-        (["--global-batch-size", "6"], 4, "--global-batch-size 6 is not divisible by micro batch 2 x DP 4"),
-        (["--tensor-model-parallel-size", "8", "--num-attention-heads", "4"], 8, "not divisible by TP 8"),
+        (["--tensor-model-parallel-size", "2"], 3, "world size 3: expected a multiple of TP x PP = 2"),
+        (["--expert-model-parallel-size", "4"], 2, "world size 2: expected a multiple of EP x ETP x PP = 4"),
+        (
+            ["--global-batch-size", "6"],
+            4,
+            "--global-batch-size 6: expected a multiple of --micro-batch-size (2) x DP (4) = 8",
+        ),
     ],
 )
 def test_world_size_errors(extra: list[str], world: int, message: str) -> None:
@@ -66,6 +106,12 @@ def test_world_size_errors(extra: list[str], world: int, message: str) -> None:
     with pytest.raises(ArgError) as e:
         validate_world(a, world)
     assert message in str(e.value)
+
+
+def test_every_broken_shape_rule_is_reported_at_once() -> None:
+    with pytest.raises(ArgError) as e:
+        parse_args([*BASE, "--hidden-size", "66", "--expert-model-parallel-size", "3"])
+    assert "--hidden-size 66: expected" in str(e.value) and "--num-experts 4: expected" in str(e.value)
 
 
 def test_dp_size_and_microbatches() -> None:
