@@ -3,8 +3,11 @@
     lcm-runner render    -i inventories/lab -c configs/lab.yml   sbatch + nccl_env.sh (lcm_runner.render)
     lcm-runner baseline      -c configs/lab.yml [-i ...] [--launcher torchrun|slurm]
     lcm-runner resume | fault | nccl-profile   (same options)
+    lcm-runner nccl-profile  --parse-only DIR [-i ...]   parse NCCL logs already written (no job)
     lcm-runner all           the whole sequence + the report
     lcm-runner report        (lcm_runner.report)        lcm-runner train   (lcm_runner.train)
+    lcm-runner spec validate inventories/<name>         lcm-runner lock update <dir>
+    lcm-runner ckpt verify <save dir>
 
 Every stage prints its run directory at its start and end, its progress (stage, job, step, what it is
 waiting for) while it runs, and a one-line verdict; the exit status is 0 unless a stage FAILed
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,16 +30,30 @@ from lcm_runner.contracts import AGENTS
 from lcm_runner.launch.base import LaunchError
 
 STAGE_COMMANDS = ("baseline", "resume", "fault", "nccl-profile", "all")
-# Modules of the other parts that expose add_parser(subparsers); registered when importable.
-EXTERNAL = ("lcm_runner.render", "lcm_runner.report", "lcm_runner.train.cli", "lcm_runner.ckpt.cli")
+# Subcommand -> the module that implements it (it exposes add_parser(subparsers) registering that name).
+# A module that cannot be imported still gets its subcommand: one that says why, in one line (exit 2).
+EXTERNAL = {
+    "render": "lcm_runner.render",
+    "report": "lcm_runner.report",
+    "train": "lcm_runner.train.cli",
+    "ckpt": "lcm_runner.ckpt.cli",
+    "spec": "lcm_runner.spec.cli",
+    "lock": "lcm_runner.lock",
+}
 
 
 class UsageError(ValueError):
     """Bad command-line input (exit 2, before anything is launched)."""
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", required=True, help="run config (configs/lab.yml, configs/h200.yml)")
+def _common(p: argparse.ArgumentParser, config_required: bool = True) -> None:
+    p.add_argument(
+        "--config",
+        "-c",
+        required=config_required,
+        help="run config (configs/lab.yml, configs/h200.yml)"
+        + ("" if config_required else "; required unless --parse-only"),
+    )
     p.add_argument(
         "--inventory", "-i", help="inventories/<name> (its cluster spec); required with the slurm launcher"
     )
@@ -74,7 +93,7 @@ def add_stage_parsers(sub: Any) -> None:
     }
     for name in STAGE_COMMANDS:
         p = sub.add_parser(name, help=helps[name], description=helps[name])
-        _common(p)
+        _common(p, config_required=name != "nccl-profile")
         if name == "nccl-profile":
             p.add_argument(
                 "--parse-only", metavar="DIR", help="only parse the NCCL logs already in DIR (no job is run)"
@@ -84,17 +103,65 @@ def add_stage_parsers(sub: Any) -> None:
         p.set_defaults(func=_stage_main, stage=name)
 
 
+def _extra_for(module: str) -> str | None:
+    """The optional-dependency group of this package that provides `module` (torch -> train), if any."""
+    try:
+        reqs = importlib.metadata.requires("lcm-runner") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for r in reqs:
+        m = re.match(r"\s*([A-Za-z0-9_.-]+).*;\s*extra\s*==\s*['\"]([^'\"]+)['\"]", r)
+        if m and m.group(1).lower().replace("-", "_") == module.lower().replace("-", "_"):
+            return m.group(2)
+    return None
+
+
+def unavailable_reason(modname: str, exc: BaseException) -> str:
+    """One line: which module failed to import, why, and what to do."""
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    if missing and missing.split(".")[0] != "lcm_runner":
+        root = missing.split(".")[0]
+        extra = _extra_for(root)
+        hint = (
+            f"pip install -e '.[{extra}]' (or the node venv from requirements/*.lock)"
+            if extra
+            else "run scripts/bootstrap (the controller venv) or use the node venv"
+        )
+        return f"{modname} needs the Python module {root!r}, not installed in {sys.prefix}: {hint}"
+    return (
+        f"{modname} failed to import ({type(exc).__name__}: {exc}): "
+        "a bug in this checkout, not a missing package"
+    )
+
+
+def _add_unavailable(sub: Any, name: str, reason: str) -> None:
+    p = sub.add_parser(name, help=f"UNAVAILABLE: {reason}", add_help=False, prefix_chars="\0")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda _ns: _unavailable(name, reason))
+
+
+def _unavailable(name: str, reason: str) -> int:
+    print(f"lcm-runner {name}: unavailable: {reason}", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="lcm-runner", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="command")
-    for modname in EXTERNAL:
+    for name, modname in EXTERNAL.items():
         try:
             mod = importlib.import_module(modname)
-        except ImportError:
-            continue  # that part is not installed (e.g. a controller without the trainer's deps)
+        except Exception as exc:  # ImportError, or a broken module: say so instead of hiding the command
+            reason = unavailable_reason(modname, exc)
+            if not isinstance(exc, ModuleNotFoundError) or (exc.name or "").startswith("lcm_runner"):
+                print(f"lcm-runner: warning: `lcm-runner {name}` unavailable: {reason}", file=sys.stderr)
+            _add_unavailable(sub, name, reason)
+            continue
         mod.add_parser(sub)
+        if name not in sub.choices:
+            raise RuntimeError(f"{modname}.add_parser registered no {name!r} subcommand (see cli.EXTERNAL)")
     add_stage_parsers(sub)
     return ap
 
@@ -167,7 +234,17 @@ def _stage_main(ns: argparse.Namespace) -> int:
     if ns.stage == "nccl-profile" and ns.parse_only:
         from lcm_runner.nccl.cli import run as parse_run
 
-        return parse_run(argparse.Namespace(log_dir=ns.parse_only, inventory=ns.inventory, json_out=None))
+        try:
+            return parse_run(argparse.Namespace(log_dir=ns.parse_only, inventory=ns.inventory, json_out=None))
+        except ValueError as e:  # ConfigError / SpecInvalid of a bad --inventory
+            print(f"lcm-runner {ns.stage}: {e}", file=sys.stderr)
+            return 2
+    if ns.config is None:
+        print(
+            f"lcm-runner {ns.stage}: --config/-c is required (only --parse-only runs without it)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         ctx = make_context(ns)
     except (ConfigError, UsageError, LaunchError) as e:

@@ -1,7 +1,8 @@
 """`lcm-runner ckpt verify <dir>`: check a checkpoint directory offline, one line per checkpoint.
 
 Exit 0 when `latest` names a checkpoint that verifies and no complete checkpoint is damaged; 1 when a
-checkpoint is damaged or `latest` names one that does not verify; 2 when the directory is not there.
+checkpoint is damaged or `latest` names one that does not verify; 2 when the directory is not there or
+holds no checkpoint at all (no iter_*/, no latest_checkpointed_iteration.txt: not a save directory).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ def run_verify(ns: argparse.Namespace) -> int:
     else:
         latest_problem = ""
     entries = scan(d, verify=True)
+    if not entries and latest is None and not latest_problem:
+        print(
+            f"lcm-runner ckpt verify: {d}: no checkpoint (no iter_*/ directory, no "
+            "latest_checkpointed_iteration.txt): not a save directory",
+            file=sys.stderr,
+        )
+        return 2
     by_step = {e.step: e for e in entries}
     good = newest_known_good(d)
     damaged = [e for e in entries if e.state == "damaged"]

@@ -13,12 +13,20 @@ from .loader import load_cluster, load_inventory_groups
 def _validate(args: argparse.Namespace) -> int:
     from . import validate
 
+    if (args.inventory is None) == (args.inventory_opt is None):
+        print("lcm-runner spec validate: give the inventory once: INVENTORY or -i INVENTORY", file=sys.stderr)
+        return 2
+    args.inventory = args.inventory or args.inventory_opt
     try:
         cluster = load_cluster(args.inventory)
     except SpecInvalid as exc:
         print(exc, file=sys.stderr)
         return 2
-    groups = None if args.no_inventory else load_inventory_groups(args.inventory)
+    try:
+        groups = None if args.no_inventory else load_inventory_groups(args.inventory)
+    except RuntimeError as exc:  # ansible-inventory missing or failing: one line, no traceback
+        print(f"lcm-runner spec validate: {exc}", file=sys.stderr)
+        return 2
     errors = validate(cluster, groups)
     for e in errors:
         print(f"ERROR {e}", file=sys.stderr)
@@ -33,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p = subparsers.add_parser("spec", help="validate the cluster spec or regenerate docs/spec.md")
     sub = p.add_subparsers(dest="spec_cmd", required=True)
     v = sub.add_parser("validate", help="validate inventories/<name> (spec + host groups)")
-    v.add_argument("inventory", help="inventory directory (or a cluster.yml with --no-inventory)")
+    v.add_argument("inventory", nargs="?", help="inventory directory (or a cluster.yml with --no-inventory)")
+    v.add_argument("-i", "--inventory", dest="inventory_opt", metavar="INVENTORY", help="same as INVENTORY")
     v.add_argument("--no-inventory", action="store_true", help="check the spec file only")
     v.set_defaults(func=_validate)
     d = sub.add_parser("docs", help="write docs/spec.md from the schema")

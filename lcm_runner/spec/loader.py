@@ -35,14 +35,41 @@ def load_cluster(path: str | Path) -> dict[str, Any]:
 
 
 def load_inventory_groups(inventory_dir: str | Path) -> dict[str, list[str]]:
-    """Groups -> hosts of an inventory, through ansible-inventory (any inventory format it reads)."""
+    """Groups -> hosts of an inventory, through ansible-inventory (any inventory format it reads).
+
+    ansible-inventory is looked up on PATH, then next to sys.executable (the venv's bin/, so that
+    `.venv/bin/lcm-runner` works without activating the venv). Every failure is a RuntimeError with a
+    one-line message saying what to do (the CLI prints it and exits 2).
+    """
+    import os
+    import sys
+
     exe = shutil.which("ansible-inventory")
     if exe is None:
-        raise RuntimeError("ansible-inventory not found: activate the controller virtualenv")
-    out = subprocess.run(
-        [exe, "-i", str(inventory_dir), "--list"], check=True, capture_output=True, text=True
-    )
-    data = json.loads(out.stdout)
+        beside = Path(sys.executable).parent / "ansible-inventory"
+        if beside.is_file() and os.access(beside, os.X_OK):
+            exe = str(beside)
+    if exe is None:
+        raise RuntimeError(
+            f"ansible-inventory not found (not on PATH, not in {Path(sys.executable).parent}): "
+            "run scripts/bootstrap (it installs Ansible into .venv) and use .venv/bin/lcm-runner, "
+            "or check the spec file alone with --no-inventory"
+        )
+    try:
+        out = subprocess.run(
+            [exe, "-i", str(inventory_dir), "--list"], check=True, capture_output=True, text=True
+        )
+    except OSError as exc:
+        raise RuntimeError(f"{exe}: cannot run ({exc})") from exc
+    except subprocess.CalledProcessError as exc:
+        last = next((ln for ln in reversed(exc.stderr.splitlines()) if ln.strip()), "no message")
+        raise RuntimeError(
+            f"ansible-inventory -i {inventory_dir} --list failed (exit {exc.returncode}): {last.strip()}"
+        ) from exc
+    try:
+        data = json.loads(out.stdout)
+    except json.JSONDecodeError as exc:
+        raise RuntimeError(f"ansible-inventory -i {inventory_dir} --list: not JSON ({exc})") from exc
     groups: dict[str, list[str]] = {}
 
     def hosts_of(name: str, seen: set[str]) -> list[str]:
