@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lcm_runner.config import RunConfig
-from lcm_runner.launch import procs
+from lcm_runner.launch import procs, srunout
 from lcm_runner.launch.base import HardKill, Job, JobSpec, JobState, JobStatus, LaunchError, count_ranks
 
 _STATES = {
@@ -212,7 +212,7 @@ class SlurmLauncher:
         node's hostname (the batch script's node function exports it; the batch shell has none)."""
         argv = kill_job_argv(self.cfg.python, job.id, job.tag, nodes, action, step_only)
         out = self._sh(*argv, timeout=60.0)
-        answers = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+        answers = [a for a in srunout.answers(out) if "procs" in a]  # --label: whole answers per task
         if len(answers) != len(nodes):
             raise LaunchError(
                 f"{action} on {','.join(nodes)}: {len(answers)} answer(s) from lcm_runner.launch.procs, "
@@ -326,7 +326,7 @@ def kill_job_argv(
     """`srun --overlap` of lcm_runner.launch.procs on every node of a running job (one task each)."""
     n = len(nodes)
     head = ["srun", "--overlap", f"--jobid={job_id}", "-w", ",".join(nodes), f"-N{n}", f"-n{n}"]
-    head += ["--ntasks-per-node=1", "--quiet"]
+    head += ["--ntasks-per-node=1", "--quiet", "--label"]  # pieces of each task's answer: srunout
     if not step_only:
         return [*head, python, "-m", "lcm_runner.launch.procs", action, "--tag", tag]
     script = 'exec "$1" -m lcm_runner.launch.procs "$2" --tag "$3" --node "$(hostname)"'

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from srunlabel import labelled
 
 from lcm_runner import telemetry
 from lcm_runner.config import from_dict
@@ -148,9 +149,14 @@ class FakeSlurm:
             found = "--node" not in " ".join(argv) or self.step_filter_matches
             if self.ends_after_kill and found:
                 self.state = "FAILED"  # the batch script's agents were killed: it exits, no requeue
-            return "".join(
-                json.dumps({"ts": 1.0, "action": "kill-all", "procs": _procs(n) if found else []}) + "\n"
-                for n in ("lab-node1", "lab-node2")
+            if "--label" not in argv:  # one node (_on_node): its answer as it is
+                return json.dumps({"ts": 1.0, "action": "kill-all", "procs": _procs(NODES) if found else []})
+            return labelled(
+                [
+                    json.dumps({"ts": 1.0, "action": "kill-all", "procs": _procs(n) if found else []}) + "\n"
+                    for n in ("lab-node1", "lab-node2")
+                ],
+                piece=64,
             )
         raise AssertionError(f"unexpected command {argv}")
 
@@ -195,6 +201,7 @@ def test_slurm_kill_job_is_a_sigkill_from_the_nodes_not_a_scancel(
             "-n2",
             "--ntasks-per-node=1",
             "--quiet",
+            "--label",
             "bash",
             "-c",
             'exec "$1" -m lcm_runner.launch.procs "$2" --tag "$3" --node "$(hostname)"',
