@@ -1,6 +1,7 @@
-"""Contracts shared by the trainer, the launchers, the stages and the report (see docs/design.md).
+"""Contracts shared by the trainer, the launchers, the stages and the report (see docs/architecture.md).
 
-One place names the exit codes and the telemetry events; every side imports them from here.
+One place names the exit codes, the launch defaults and the telemetry events; every side imports them
+from here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,15 @@ from enum import IntEnum
 LAUNCHERS = ("slurm", "torchrun")  # how a stage's jobs are started: an sbatch job, or torchrun over ssh
 AGENTS = ("lcm", "torchrun")  # the per-node agent: lcm_runner.launch.agent, or stock torchrun
 
+# Launch defaults, one value per setting: the run config (lcm_runner.config), the JobSpec
+# (lcm_runner.launch.base) and the agent's config and command line (lcm_runner.launch.agent) use these.
+DEFAULT_JOIN_TIMEOUT_S = 60  # seconds for every node to (re)join a generation / torchrun rendezvous
+DEFAULT_HB_TIMEOUT_S = 3.0  # lcm agent: a peer whose heartbeat is silent this long is a lost node
+DEFAULT_HB_INTERVAL_S = 0.25  # lcm agent: heartbeat cadence (hb timeout must exceed twice this)
+DEFAULT_MAX_RESTARTS = 1  # in-place restarts of a job's ranks before the agent gives up
+DEFAULT_MASTER_PORT = 29500  # the agents' store; generation g's ranks use master_port + 1 + g
+DEFAULT_TIME_LIMIT = "00:30:00"  # Slurm time limit of a job
+
 
 class ExitCode(IntEnum):
     """Trainer exit codes, read by the sbatch script and the torchrun launcher."""
@@ -18,7 +28,7 @@ class ExitCode(IntEnum):
     FAILURE = 1
     BAD_ARGS = 2  # argparse / a flag this build cannot honour
     REQUEUE = 75  # EX_TEMPFAIL: checkpointed after SIGUSR1/SIGTERM, requeue me
-    # 76 is the agent's NODE_LOST (lcm_runner.launch.agent.AgentExit)
+    # 76 is the agent's NODE_LOST (AgentExit below)
     NONFINITE = 77  # NaN/Inf loss or grad norm beyond the skip budget: `latest` rewound, restart from it
     NO_GOOD_CHECKPOINT = 78  # checkpoints exist but none verifies: stop, never start from scratch
     NONFINITE_REPEATED = 79  # non-finite again after every allowed rewind: deterministic, stop
@@ -34,6 +44,34 @@ FATAL_EXIT_CODES = frozenset(
         int(ExitCode.CKPT_SAVE_FAILED),
     }
 )
+
+
+class AgentExit(IntEnum):
+    """Exit codes of the per-node agent (lcm_runner.launch.agent), read by the sbatch script and the
+    launchers. A rank's fatal code (FATAL_EXIT_CODES, an ExitCode) is passed through as the agent's."""
+
+    OK = 0
+    FAILURE = 1  # a rank failed and the restart budget is spent, or the agent could not start
+    BAD_ARGS = int(ExitCode.BAD_ARGS)
+    REQUEUE = int(ExitCode.REQUEUE)  # ranks checkpointed after a preemption signal
+    NODE_LOST = 76  # a peer node (its agent) vanished or never joined: relaunch from the checkpoint
+
+
+# Exit codes of a node's agent after which the batch script requeues the job (resumes from the last
+# checkpoint), with the reason it prints. NODE_LOST only where the agent is ours (stock torchrun never
+# exits 76): `requeue_exit_codes`.
+REQUEUE_REASONS: dict[int, str] = {
+    int(ExitCode.REQUEUE): "ExitCode.REQUEUE: checkpointed after SIGUSR1/SIGTERM",
+    int(AgentExit.NODE_LOST): "NODE_LOST: a peer node vanished",
+    int(ExitCode.NONFINITE): "ExitCode.NONFINITE: NaN/Inf, latest rewound to the newest known-good",
+}
+
+
+def requeue_exit_codes(agent: str) -> dict[int, str]:
+    """The requeue codes (and their reasons) of a job whose per-node agent is `agent` (AGENTS)."""
+    return {
+        code: why for code, why in REQUEUE_REASONS.items() if agent == "lcm" or code != AgentExit.NODE_LOST
+    }
 
 
 # Telemetry: JSON Lines, <run_dir>/telemetry/rank<R>.jsonl, one record per line, flushed per line.

@@ -4,11 +4,16 @@ Nothing cluster-specific is written by hand: the node count, GPUs (`--gres`), pa
 NCCL variables and the agent command all come from the spec, the run config and the launcher's one
 command builder (lcm_runner.launch.commands.agent_argv). Inputs are checked against each other
 before any file is written.
+
+One-way: the run config becomes a JobSpec (lcm_runner.launch.jobspec.job_spec) and the batch script is
+rendered from that JobSpec alone (`sbatch_for`), the same function the Slurm launcher calls for the
+JobSpecs the stages build.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shlex
 import sys
@@ -20,7 +25,10 @@ from typing import Any
 import jinja2
 
 from lcm_runner.config import ConfigError, RunConfig, cluster_problems, load_cluster, load_run_config
-from lcm_runner.contracts import ExitCode
+from lcm_runner.contracts import ExitCode, requeue_exit_codes
+from lcm_runner.launch.base import JobSpec
+from lcm_runner.launch.commands import agent_argv
+from lcm_runner.launch.jobspec import job_spec
 
 SBATCH_NAME = "train_2node.sbatch"
 NCCL_ENV_NAME = "nccl_env.sh"
@@ -28,9 +36,6 @@ TEMPLATES = Path(__file__).parent / "templates"
 SIGNAL_BEFORE_LIMIT_S = 180
 # Subsystems that print the network plugin, per-channel transports, topology/graph search and tuning.
 NCCL_PROFILE_SUBSYS = "INIT,ENV,NET,GRAPH,TUNING,P2P,SHM"
-NODE_LOST = (
-    76  # lcm_runner.launch.agent.AgentExit.NODE_LOST: a peer node vanished, relaunch from the checkpoint
-)
 _TIME = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$")
 
 
@@ -88,14 +93,15 @@ def slurm_seconds(limit: str) -> int:
     return ((days * 24 + h) * 60 + mi) * 60 + s
 
 
-def _partition(cluster: dict[str, Any], cfg: RunConfig) -> dict[str, Any]:
+def _partition(cluster: dict[str, Any], partition: str | None) -> dict[str, Any]:
+    """The spec's partition named `partition`, or its default one when None."""
     parts = cluster.get("slurm", {}).get("partitions", [])
-    if cfg.partition is not None:
+    if partition is not None:
         for p in parts:
-            if p["name"] == cfg.partition:
+            if p["name"] == partition:
                 return p
         names = ", ".join(p["name"] for p in parts) or "none"
-        raise RenderError(f"partition {cfg.partition!r} is not in the spec's slurm.partitions ({names})")
+        raise RenderError(f"partition {partition!r} is not in the spec's slurm.partitions ({names})")
     defaults = [p for p in parts if p.get("default")] or parts[:1]
     if not defaults:
         raise RenderError("the spec has no slurm.partitions and the run config names none")
@@ -121,7 +127,7 @@ def check(cluster: dict[str, Any], cfg: RunConfig) -> list[str]:
             "container_image is set but the spec's layers.pyxis is false (no srun --container-image)"
         )
     try:
-        part = _partition(cluster, cfg)
+        part = _partition(cluster, cfg.partition)
     except RenderError as exc:
         problems.append(str(exc))
     else:
@@ -160,36 +166,17 @@ def _command_lines(argv: list[str]) -> str:
     return " \\\n    ".join(" ".join(line) for line in lines)
 
 
-def agent_command(cfg: RunConfig, run_dir: Path, train_args: list[str]) -> list[str]:
+def agent_command(spec: JobSpec) -> list[str]:
     """The per-node agent argv, from the launcher's one builder, with Slurm's per-node values."""
-    from lcm_runner.launch.base import JobSpec
-    from lcm_runner.launch.commands import agent_argv
-
-    spec = JobSpec(
-        name=cfg.name,
-        run_dir=run_dir,
-        train_args=train_args,
-        nodes=cfg.nodes,
-        procs_per_node=cfg.procs_per_node,
-        gpus_per_node=cfg.gpus_per_node,
-        agent=cfg.agent,
-        max_restarts=cfg.max_restarts,
-        join_timeout_s=float(cfg.rdzv_join_timeout_s),
-        hb_timeout_s=cfg.hb_timeout_s,
-        master_port=cfg.master_port,
-        python="$LCM_PYTHON",
-        time_limit=cfg.time_limit,
-        partition=cfg.partition,
-    )
     argv = agent_argv(
-        spec,
+        dataclasses.replace(spec, python="$LCM_PYTHON"),
         node_rank="$SLURM_NODEID",
         master_addr="$MASTER_ADDR",
         events="$LCM_RUN_DIR/agents/$SLURM_JOB_ID/node$SLURM_NODEID.jsonl",
         log_dir="$LCM_RUN_DIR/logs/$SLURM_JOB_ID",
         rdzv_id="$SLURM_JOB_ID",
     )
-    if cfg.agent == "torchrun":
+    if spec.agent == "torchrun":
         # Let torchrun's agent take SIGUSR1 as a stop signal: it forwards it to the workers, waits
         # for their checkpoint (shutdown timeout) and does not restart them (torch >= 2.8 flags).
         at = argv.index("-m", 3)
@@ -212,7 +199,7 @@ def sbatch_text(
     nccl_profile: bool = False,
     job_name: str | None = None,
 ) -> str:
-    """The batch script of one launch; `train_args` default to the run config's full training."""
+    """The batch script of one launch of `cfg`; `train_args` default to the run config's full training."""
     problems = check(cluster, cfg)
     if problems:
         raise RenderError("the run config does not fit the cluster spec:\n  - " + "\n  - ".join(problems))
@@ -220,44 +207,49 @@ def sbatch_text(
     ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
     if train_args is None:
         train_args = cfg.to_train_args(str(ckpt), telemetry_dir=str(run_dir / "telemetry"))
+    spec = job_spec(cfg, name=cfg.name, run_dir=run_dir, train_args=train_args, python=cfg.python)
+    return sbatch_for(cluster, spec, nccl_profile=nccl_profile, job_name=job_name)
+
+
+def sbatch_for(
+    cluster: dict[str, Any], spec: JobSpec, *, nccl_profile: bool = False, job_name: str | None = None
+) -> str:
+    """The batch script of one JobSpec on `cluster` (the spec's python is the nodes' interpreter);
+    the run config it came from was checked against the cluster by the caller (`check`)."""
+    run_dir = spec.run_dir.resolve()
     gpu = cluster["gpu"]
     gres = ""
-    if cfg.gpus_per_node:
+    if spec.gpus_per_node:
         gres = (
-            f"gpu:{gpu['gres_type']}:{cfg.gpus_per_node}"
+            f"gpu:{gpu['gres_type']}:{spec.gpus_per_node}"
             if gpu.get("gres_type")
-            else f"gpu:{cfg.gpus_per_node}"
+            else f"gpu:{spec.gpus_per_node}"
         )
     container = None
-    if cfg.container_image:
+    if spec.container_image:
         mountpoint = cluster.get("storage", {}).get("mountpoint")
         mounts = [f"{mountpoint}:{mountpoint}"] if mountpoint else []
         if not mountpoint or not str(run_dir).startswith(str(mountpoint).rstrip("/") + "/"):
             mounts.append(f"{run_dir}:{run_dir}")
-        mounts += [m for m in cfg.container_mounts if m not in mounts]
-        container = {"image": cfg.container_image, "mounts": ",".join(mounts), "workdir": str(run_dir)}
-    requeue_names = {
-        int(ExitCode.REQUEUE): "ExitCode.REQUEUE: checkpointed after SIGUSR1/SIGTERM",
-        int(ExitCode.NONFINITE): "ExitCode.NONFINITE: NaN/Inf, latest rewound to the newest known-good",
-    }
-    if cfg.agent == "lcm":
-        requeue_names[NODE_LOST] = "NODE_LOST: a peer node vanished"
-    argv = agent_command(cfg, run_dir, train_args)
+        mounts += [m for m in spec.container_mounts if m not in mounts]
+        container = {"image": spec.container_image, "mounts": ",".join(mounts), "workdir": str(run_dir)}
+    requeue_names = requeue_exit_codes(spec.agent)
+    argv = agent_command(spec)
     return (
         _env()
         .get_template("train.sbatch.j2")
         .render(
             cluster=cluster,
-            run=cfg,
+            run=spec,
             run_dir=str(run_dir),
             run_dir_name=run_dir.name,
-            job_name=job_name or f"lcm-{cfg.name}",
-            partition=_partition(cluster, cfg)["name"],
+            job_name=job_name or f"lcm-{spec.name}",
+            partition=_partition(cluster, spec.partition)["name"],
             gres=gres,
             container=container,
-            agent=cfg.agent,
+            agent=spec.agent,
             agent_cmd=_command_lines(argv),
-            python=cfg.python,
+            python=spec.python,
             nccl_profile=nccl_profile,
             nccl_debug_subsys=NCCL_PROFILE_SUBSYS,
             signal_s=SIGNAL_BEFORE_LIMIT_S,

@@ -36,21 +36,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lcm_runner.contracts import FATAL_EXIT_CODES, ExitCode
+from lcm_runner.contracts import (
+    DEFAULT_HB_INTERVAL_S,
+    DEFAULT_HB_TIMEOUT_S,
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_MAX_RESTARTS,
+    FATAL_EXIT_CODES,
+    AgentExit,
+    ExitCode,
+)
 from lcm_runner.launch import nodefail, procs, zygote
-
-
-class AgentExit(IntEnum):
-    OK = 0
-    FAILURE = 1  # a rank failed and the restart budget is spent, or the agent could not start
-    BAD_ARGS = 2
-    REQUEUE = int(ExitCode.REQUEUE)  # ranks checkpointed after a preemption signal
-    NODE_LOST = 76  # a peer node (its agent) vanished or never joined: relaunch from the checkpoint
-
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -62,10 +60,10 @@ class AgentConfig:
     nproc_per_node: int
     master_addr: str
     master_port: int
-    max_restarts: int = 3
-    join_timeout_s: float = 60.0
-    hb_interval_s: float = 0.25
-    hb_timeout_s: float = 3.0
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    hb_interval_s: float = DEFAULT_HB_INTERVAL_S
+    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S
     poll_s: float = 0.02  # waitpid cadence
     store_poll_s: float = 0.05  # cadence of the store check for other nodes' failures
     module: str = "lcm_runner.train"
@@ -608,9 +606,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nproc-per-node", type=int, required=True)
     ap.add_argument("--master-addr", required=True)
     ap.add_argument("--master-port", type=int, required=True)
-    ap.add_argument("--max-restarts", type=int, default=3)
-    ap.add_argument("--join-timeout", type=float, default=60.0, help="seconds for all nodes to (re)join")
-    ap.add_argument("--hb-timeout", type=float, default=3.0, help="seconds without a peer heartbeat = lost")
+    ap.add_argument("--max-restarts", type=int, default=DEFAULT_MAX_RESTARTS)
+    ap.add_argument(
+        "--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT_S, help="seconds for all nodes to (re)join"
+    )
+    ap.add_argument(
+        "--hb-timeout",
+        type=float,
+        default=DEFAULT_HB_TIMEOUT_S,
+        help="seconds without a peer heartbeat = lost",
+    )
     ap.add_argument("--module", default="lcm_runner.train")
     ap.add_argument("--preload", default="", help="comma-separated modules (default: torch + trainer pkg)")
     ap.add_argument("--events", type=Path, default=None, help="JSON-lines event file")

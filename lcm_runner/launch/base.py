@@ -14,7 +14,14 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from lcm_runner.contracts import AGENTS
+from lcm_runner.contracts import (
+    AGENTS,
+    DEFAULT_HB_TIMEOUT_S,
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_TIME_LIMIT,
+)
 
 
 class LaunchError(RuntimeError):
@@ -35,7 +42,10 @@ class JobState(StrEnum):
 
 @dataclass
 class JobSpec:
-    """One launch of the trainer on `nodes` nodes: what the stages ask a launcher for."""
+    """One launch of the trainer on `nodes` nodes: what the stages ask a launcher for.
+
+    Built from the run config in one place, `lcm_runner.launch.jobspec.job_spec`; the launchers (and the
+    rendered sbatch) read everything about the launch from here, never from the run config again."""
 
     name: str  # a label: baseline, resume-1, fault-floor...
     run_dir: Path
@@ -44,15 +54,17 @@ class JobSpec:
     procs_per_node: int
     gpus_per_node: int = 0
     agent: str = "lcm"  # lcm (our zygote agent, lcm_runner.launch.agent) | torchrun (stock)
-    max_restarts: int = 1
-    join_timeout_s: float = 30.0
-    hb_timeout_s: float = 3.0
-    master_port: int = 29500
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S
+    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S
+    master_port: int = DEFAULT_MASTER_PORT
     env: dict[str, str] = field(default_factory=dict)
     env_file: Path | None = None  # a rendered nccl_env.sh, sourced before the agent starts
     python: str = sys.executable
-    time_limit: str = "00:30:00"
-    partition: str | None = None
+    time_limit: str = DEFAULT_TIME_LIMIT
+    partition: str | None = None  # Slurm: None = the cluster spec's default partition
+    container_image: str | None = None  # Slurm + Pyxis: srun --container-image
+    container_mounts: list[str] = field(default_factory=list)  # extra --container-mounts
     standby_nodes: int = 0  # hot spare agents (lcm agent): take over a lost node without a relaunch
 
     def validate(self) -> None:

@@ -4,13 +4,13 @@ running job, on that node only) running `python -m lcm_runner.launch.procs`.
 
 The batch script is the one rendered from lcm_runner/templates/train.sbatch.j2 (lcm_runner.render):
 one agent per node through srun; the script requeues the job itself when the agents exit
-REQUEUE (75, checkpointed after a signal) or NODE_LOST (76, a peer node vanished).
+REQUEUE (75, checkpointed after a signal) or NODE_LOST (76, a peer node vanished); the codes are
+lcm_runner.contracts.REQUEUE_REASONS. `submit` renders the script from the JobSpec alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -104,19 +104,16 @@ class SlurmLauncher:
 
     # --- submit / follow -------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> Job:
-        from lcm_runner.render import sbatch_text
+        """Render the batch script of `spec` (lcm_runner.render.sbatch_for: everything about the launch
+        comes from the JobSpec) and sbatch it."""
+        from lcm_runner.render import RenderError, check, sbatch_for
 
         spec.validate()
-        cfg = dataclasses.replace(self.cfg, agent=spec.agent, max_restarts=spec.max_restarts)
+        problems = check(self.cluster, self.cfg)  # the run config this launcher serves, as it is
+        if problems:
+            raise RenderError("the run config does not fit the cluster spec:\n  - " + "\n  - ".join(problems))
         profile = spec.env.get("NCCL_DEBUG") == "INFO"
-        text = sbatch_text(
-            self.cluster,
-            cfg,
-            spec.run_dir,
-            train_args=spec.train_args,
-            nccl_profile=profile,
-            job_name=f"lcm-{spec.name}",
-        )
+        text = sbatch_for(self.cluster, spec, nccl_profile=profile, job_name=f"lcm-{spec.name}")
         n = next(self._seq)
         path = spec.run_dir / "sbatch" / f"{spec.name}-{n}.sbatch"
         path.parent.mkdir(parents=True, exist_ok=True)

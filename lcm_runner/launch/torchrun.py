@@ -10,6 +10,7 @@ The rendezvous runs on 127.0.0.1. `spare_nodes` extra labels are kept for `relau
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import shlex
@@ -113,7 +114,7 @@ class LocalLauncher:
         job.log_dir.mkdir(parents=True, exist_ok=True)
         job.events_dir.mkdir(parents=True, exist_ok=True)
         port = spec.master_port + _PORT_STRIDE * (n % 64)
-        run_spec = JobSpec(**{**spec.__dict__, "master_port": port})
+        run_spec = dataclasses.replace(spec, master_port=port)
         local = _Local()
         local.standby = standby
         job.touched = placed + standby

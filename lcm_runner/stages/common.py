@@ -17,6 +17,7 @@ from lcm_runner import telemetry
 from lcm_runner.config import RunConfig
 from lcm_runner.contracts import EVENT_EXIT, EVENT_STEP
 from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, Launcher
+from lcm_runner.launch.jobspec import job_spec
 from lcm_runner.telemetry import Record
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -168,23 +169,16 @@ class StageContext:
         )
         if self.step_sleep_ms:
             args += ["--fault-sleep-ms", str(self.step_sleep_ms)]
-        return JobSpec(
+        return job_spec(
+            c,
             name=name,
             run_dir=self.run_dir,
             train_args=args + list(extra_args or []),
-            nodes=c.nodes,
-            procs_per_node=c.procs_per_node,
-            gpus_per_node=c.gpus_per_node,
-            agent=agent or self.agent,
-            max_restarts=c.max_restarts if max_restarts is None else max_restarts,
-            join_timeout_s=float(c.rdzv_join_timeout_s),
-            hb_timeout_s=c.hb_timeout_s,
-            master_port=c.master_port,
-            env=dict(env or {}),
-            env_file=self.env_file,
             python=c.python if self.launcher.name == "slurm" else sys.executable,
-            time_limit=c.time_limit,
-            partition=c.partition,
+            agent=agent or self.agent,
+            max_restarts=max_restarts,
+            env=env,
+            env_file=self.env_file,
             standby_nodes=standby_nodes,
         )
 
