@@ -87,11 +87,15 @@ class Shape:
 class Names:
     """How a caller names the fields: `flag` style (`--seq-length 64`) or `key` style (`model.x = 64`).
 
-    `names` maps a Shape field (or `world_size`) to the caller's name; missing ones get `--<field>`.
+    `names` maps a Shape field (or `world_size`) to the caller's name; missing ones get `--<field>`;
+    `refs` replaces the whole mention of a field whose value the caller does not set directly.
     """
 
     names: Mapping[str, str] = field(default_factory=dict)
     style: str = "flag"  # flag | key
+    refs: Mapping[str, str] = field(
+        default_factory=dict
+    )  # a whole reference, e.g. device -> gpus_per_node = 0
 
     def __call__(self, name: str) -> str:
         return self.names.get(name) or "--" + name.replace("_", "-")
@@ -103,7 +107,7 @@ class Names:
 
     def ref(self, name: str, value: Any) -> str:
         """Another field, with its value: `--num-attention-heads (4)`."""
-        return f"{self(name)} ({self.show(value)})"
+        return self.refs.get(name) or f"{self(name)} ({self.show(value)})"
 
     def head(self, name: str, value: Any) -> str:
         if self.style == "key":
@@ -214,11 +218,11 @@ def shape_problems(s: Shape, n: Names | None = None, world_size: int | None = No
         return out
     mp = tp * pp
     if world_size % mp:
-        bad("world_size", world_size, f"a multiple of TP x PP = {mp}")
+        bad("world_size", world_size, f"a multiple of TP ({tp}) x PP ({pp}) = {mp}")
         return out
     dp = world_size // mp
     if world_size % (ep * etp * pp):
-        bad("world_size", world_size, f"a multiple of EP x ETP x PP = {ep * etp * pp}")
+        bad("world_size", world_size, f"a multiple of EP ({ep}) x ETP ({etp}) x PP ({pp}) = {ep * etp * pp}")
     gbs = s.global_batch_size or s.micro_batch_size * dp
     if gbs % (s.micro_batch_size * dp):
         bad(

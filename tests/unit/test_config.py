@@ -57,20 +57,55 @@ def test_train_args_use_megatron_names() -> None:
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
+        # the trainer's own rules (lcm_runner/train/rules.py), named by run-config key
         (
             {"model": {"num_attention_heads": 3}},
-            "model.hidden_size: 64 is not divisible by num_attention_heads=3",
+            "model.hidden_size = 64: expected a multiple of model.num_attention_heads (3)",
         ),
-        ({"model": {"tp": 3}}, "model.tp: 3 does not divide num_attention_heads=4"),
-        ({"model": {"ep": 3}}, "model.ep: 3 does not divide num_experts=4"),
-        ({"model": {"num_experts": 8, "ep": 8}}, "tp*pp*ep=8 does not divide the world size 4"),
+        ({"model": {"tp": 3}}, "model.num_attention_heads = 4: expected a multiple of model.tp (3)"),
+        ({"model": {"ep": 3}}, "model.num_experts = 4: expected a multiple of model.ep (3)"),
+        (
+            {"model": {"num_experts": 8, "ep": 8}},
+            "the world size (nodes x procs_per_node) = 4: expected a multiple of EP (8) x ETP (1) x PP (1)",
+        ),
+        (
+            {"nodes": 3, "model": {"tp": 4}},
+            "the world size (nodes x procs_per_node) = 6: expected a multiple of TP (4) x PP (1) = 4",
+        ),
         (
             {"model": {"global_batch_size": 6}},
-            "global_batch_size: 6 is not a multiple of micro_batch_size*dp",
+            "model.global_batch_size = 6: expected a multiple of model.micro_batch_size (2) x DP (4) = 8",
         ),
-        ({"model": {"use_flash_attn": True}}, "flash attention needs GPUs"),
-        ({"model": {"bf16": True}}, "model.bf16: bf16 is a GPU option"),
-        ({"model": {"pp": 2}}, "does not implement pipeline parallelism"),
+        (
+            {"model": {"use_flash_attn": True}},
+            "model.use_flash_attn = true: expected no flash attention with gpus_per_node = 0 (CPU)",
+        ),
+        ({"model": {"bf16": True}}, "model.bf16 = true: expected no bf16 with gpus_per_node = 0 (CPU)"),
+        ({"model": {"pp": 2}}, "model.pp = 2: expected 1: pipeline parallelism is not implemented"),
+        ({"model": {"micro_batch_size": 0}}, "model.micro_batch_size = 0: expected a positive integer (> 0)"),
+        ({"train_iters": 0}, "train_iters = 0: expected a positive integer (> 0)"),
+        # what megatron-core itself would refuse at start-up, after the launch
+        (
+            {"model": {"moe_router_topk": 1}},
+            "model.moe_router_topk = 1: expected at least 2: megatron refuses top-1 routing",
+        ),
+        (
+            {"model": {"moe_router_topk": 5}},
+            "model.moe_router_topk = 5: expected in 1..model.num_experts (4)",
+        ),
+        (
+            {"model": {"tp": 2, "ffn_hidden_size": 129}},
+            "model.ffn_hidden_size = 129: expected a multiple of model.tp (2)",
+        ),
+        (
+            {"model": {"tp": 2, "seq_length": 63}},
+            "model.seq_length = 63: expected a multiple of model.tp (2) (sequence parallelism, implied",
+        ),
+        (
+            {"model": {"tp": 3, "num_attention_heads": 6, "hidden_size": 66, "ffn_hidden_size": 129}},
+            "the trainer's --vocab-size = 256: expected a multiple of model.tp (3)",
+        ),
+        ({"model": {"seed": -1}}, "model.seed = -1: expected in 0..9223372036854775807"),
         ({"launcher": "mpirun"}, "launcher: 'mpirun' is not one of slurm, torchrun"),
         ({"time_limit": "90 minutes"}, "time_limit: '90 minutes' is not a Slurm time"),
         ({"fault": {"kill_at_step": 5}}, "fault.kill_at_step: 5 must lie after the first save"),
@@ -162,6 +197,7 @@ def _problems(**patch: object) -> list[str]:
         ({"checkpoint_dir": "/shared/x;y"}, "characters ';' are not allowed"),
         ({"checkpoint_dir": "/shared/ckpt$HOME"}, "characters '$' are not allowed"),
         ({"checkpoint_dir": "/shared/ck\n"}, "control characters are not allowed ('\\n')"),
+        ({"checkpoint_dir": "/"}, "checkpoint_dir: '/' must be a directory other than / (the root)"),
         ({"name": "run;id"}, "name: 'run;id' must be 1-64 letters"),
         ({"name": "lab\n"}, "name: 'lab\\n' must be"),
         ({"name": "-lab"}, "name: '-lab' must be"),

@@ -92,8 +92,12 @@ def test_dense_model_cannot_have_expert_parallelism() -> None:
 @pytest.mark.parametrize(
     ("extra", "world", "message"),
     [
-        (["--tensor-model-parallel-size", "2"], 3, "world size 3: expected a multiple of TP x PP = 2"),
-        (["--expert-model-parallel-size", "4"], 2, "world size 2: expected a multiple of EP x ETP x PP = 4"),
+        (["--tensor-model-parallel-size", "2"], 3, "world size 3: expected a multiple of TP (2) x PP (1)"),
+        (
+            ["--expert-model-parallel-size", "4"],
+            2,
+            "world size 2: expected a multiple of EP (4) x ETP (1) x PP",
+        ),
         (
             ["--global-batch-size", "6"],
             4,
