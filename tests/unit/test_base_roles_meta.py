@@ -26,7 +26,9 @@ def test_common_phases_in_order() -> None:
 
 
 def test_common_records_managed_files() -> None:
-    configure = (ROLES / "common/tasks/configure.yml").read_text(encoding="utf-8")
-    assert "_common_managed_file" in configure and "to_nice_json" in configure
-    private = _yaml(ROLES / "common/vars/main.yml")
-    assert private["_common_managed_file"] == "/var/lib/lcm/managed.d/common.json"
+    """Through _generation's manifest entry point (one writer of /var/lib/lcm/managed.d/<role>.json)."""
+    tasks = _yaml(ROLES / "common/tasks/configure.yml")
+    rec = [t for t in tasks if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "manifest"]
+    assert len(rec) == 1 and rec[0]["ansible.builtin.include_role"]["name"] == "_generation"
+    assert rec[0]["vars"]["_generation_manifest_role"] == "common"
+    assert rec[0]["vars"]["_generation_manifest_services"] == ["chrony"]

@@ -1,4 +1,5 @@
-"""plugins/modules/lcm_generation.py: record / drift / restore on real files in a temporary tree."""
+"""plugins/modules/lcm_generation.py (+ plugins/module_utils/lcm_generation_*.py): record / drift / restore
+on real files in a temporary tree."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+import ansible.module_utils
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load() -> ModuleType:
+    # Ansible ships plugins/module_utils (ansible.cfg module_utils) with the module; here: the same path.
+    utils = str(ROOT / "plugins/module_utils")
+    if utils not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(utils)
     spec = importlib.util.spec_from_file_location(
         "lcm_generation", ROOT / "plugins/modules/lcm_generation.py"
     )

@@ -84,7 +84,7 @@ def _paths(tmp_path: Path) -> dict[str, str]:
     return {
         "nccl_conf_path": str(tmp_path / "nccl.conf"),
         "nccl_env_path": str(tmp_path / "nccl_env.sh"),
-        "_nccl_manifest_dir": str(tmp_path / "managed.d"),
+        "lcm_managed_dir": str(tmp_path / "managed.d"),
     }
 
 

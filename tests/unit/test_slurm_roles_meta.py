@@ -19,9 +19,12 @@ def _yaml(path: Path) -> object:
 
 @pytest.mark.parametrize("role", SCHEDULER_ROLES)
 def test_writes_managed_record(role: str) -> None:
-    text = (ROLES / role / "tasks/configure.yml").read_text()
-    assert f"/{role}.json" in text
-    assert f"'role': '{role}'" in text and "'services':" in text
+    """Through _generation's manifest entry point (one writer of /var/lib/lcm/managed.d/<role>.json)."""
+    tasks = _yaml(ROLES / role / "tasks/configure.yml")
+    assert isinstance(tasks, list)
+    rec = [t for t in tasks if t.get("ansible.builtin.include_role", {}).get("tasks_from") == "manifest"]
+    assert len(rec) == 1 and rec[0]["ansible.builtin.include_role"]["name"] == "_generation"
+    assert rec[0]["vars"]["_generation_manifest_role"] == role
 
 
 def test_secrets_are_no_log() -> None:
