@@ -137,7 +137,7 @@ def unavailable_reason(modname: str, exc: BaseException) -> str:
 def _add_unavailable(sub: Any, name: str, reason: str) -> None:
     p = sub.add_parser(name, help=f"UNAVAILABLE: {reason}", add_help=False, prefix_chars="\0")
     p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda _ns: _unavailable(name, reason))
+    p.set_defaults(func=lambda _ns: _unavailable(name, reason), unavailable=reason)
 
 
 def _unavailable(name: str, reason: str) -> int:
