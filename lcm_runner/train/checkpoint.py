@@ -12,6 +12,10 @@ Async save (`--async-save`): the shards are written by a forked process (dist_ch
 async strategy through AsyncCallsQueue); the step loop only pays for the state-dict preparation and the
 fork (`blocking_s`). Completion (verify -> marker -> latest -> prune -> ckpt_end) runs when all ranks'
 writers are done, polled after every step. `latest` never names a checkpoint that is not complete.
+
+This module saves (and tracks known-good checkpoints); by concern the rest is in ckpt_state.py (the
+sharded state, RNG), ckpt_load.py (verify, choose, load) and ckpt_errors.py (failures, the save-crash
+fault). The names callers use are importable from here.
 """
 
 from __future__ import annotations
@@ -35,13 +39,19 @@ from lcm_runner.contracts import (
     EVENT_CKPT_END,
     EVENT_CKPT_FAILED,
     EVENT_CKPT_GOOD,
-    EVENT_CKPT_REJECTED,
-    EVENT_RESUME,
-    LATEST_FILE,
-    ExitCode,
     iter_dir_name,
 )
 
+from .ckpt_errors import (
+    CheckpointError,
+    CheckpointSaveFailed,
+    Fault,
+    NoGoodCheckpoint,
+    _CheckpointBaseException,
+    describe_cause,
+    dir_bytes,
+)
+from .ckpt_load import CheckpointLoader
 from .telemetry import TelemetryWriter
 
 __all__ = [
@@ -49,85 +59,18 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "CheckpointSaveFailed",
+    "Fault",
     "NoGoodCheckpoint",
     "complete_steps",
+    "describe_cause",
+    "dir_bytes",
     "read_latest",
     "write_latest_atomically",
 ]
 
 
-class CheckpointError(RuntimeError):
-    pass
-
-
-try:  # torch's CheckpointException derives from BaseException, not Exception
-    from torch.distributed.checkpoint.api import CheckpointException as _CheckpointBaseException
-except ImportError:  # pragma: no cover
-    _CheckpointBaseException = RuntimeError  # type: ignore[assignment,misc]
-
-
-class CheckpointSaveFailed(CheckpointError):
-    """A save that did not complete (ENOSPC, I/O error, a rank's writer failed): `latest` unchanged."""
-
-    def __init__(self, step: int, path: Path, cause: str):
-        super().__init__(f"checkpoint {path.name} failed: {cause}")
-        self.step, self.path, self.cause = step, path, cause
-
-
-class NoGoodCheckpoint(CheckpointError):
-    """Checkpoints exist but none verifies: the trainer stops (ExitCode.NO_GOOD_CHECKPOINT)."""
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """The exception, its causes/contexts, and the per-rank failures a CheckpointException wraps."""
-    out: list[BaseException] = []
-    todo = [exc]
-    while todo:
-        cur = todo.pop(0)
-        if cur is None or any(cur is o for o in out):
-            continue
-        out.append(cur)
-        todo += [c for c in (cur.__cause__, cur.__context__) if c is not None]
-        failures = getattr(cur, "failures", None)
-        if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
-    return [e for e in out if isinstance(e, BaseException)]
-
-
-def describe_cause(exc: BaseException) -> str:
-    """One line for an exception chain: the OS error (with its errno name) where there is one."""
-    for cur in _chain(exc):
-        if isinstance(cur, OSError) and cur.errno:
-            name = errno.errorcode.get(cur.errno, str(cur.errno))
-            where = f" ({cur.filename})" if cur.filename else ""
-            return f"{cur.strerror} [{name}]{where}"
-    text = str(exc)
-    for code, name in ((errno.ENOSPC, "ENOSPC"), (errno.EDQUOT, "EDQUOT"), (errno.EIO, "EIO")):
-        if os.strerror(code) in text:
-            return f"{os.strerror(code)} [{name}]"
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(exc).__name__}: {first}"[:300]
-
-
-def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 @dataclass
-class Fault:
-    """--fault-crash-in-save: hard-exit `rank` once its shards of `step` are written, before completion."""
-
-    crash_step: int = 0
-    crash_rank: int = 0
-
-    def maybe_crash(self, step: int, rank: int) -> None:
-        if self.crash_step and step == self.crash_step and rank == self.crash_rank:
-            print(f"[rank{rank}] fault injection: crash during the save of step {step}", flush=True)
-            os._exit(int(ExitCode.FAILURE))
-
-
-@dataclass
-class CheckpointManager:
+class CheckpointManager(CheckpointLoader):
     save_dir: Path | None
     load_dir: Path | None
     keep_last: int
@@ -153,38 +96,6 @@ class CheckpointManager:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=False)
-
-    # ---- state dict ----------------------------------------------------------------------------
-    def _sharded_state(self, built: Any, step: int, is_loading: bool, meta: dict[str, Any]) -> dict[str, Any]:
-        from megatron.core.dist_checkpointing.mapping import ShardedObject
-
-        model_sd = built.gpt.sharded_state_dict(prefix="")
-        state: dict[str, Any] = {"model": model_sd, "iteration": step, "checkpoint_version": 3.0, "lcm": meta}
-        per_rank = dict(global_shape=(self.world,), global_offset=(self.rank,), replica_id=0)
-        if built.optimizer_impl == "megatron":
-            state["optimizer"] = built.optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
-        else:
-            data = None if is_loading else built.optimizer.state_dict()
-            state["optimizer"] = ShardedObject("optimizer_torch", data, **per_rank)
-        state["rng_state"] = ShardedObject("rng_state", None if is_loading else self._rng_state(), **per_rank)
-        return state
-
-    def _rng_state(self) -> dict[str, Any]:
-        rng: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
-        if self.device == "cuda":
-            from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-            rng["cuda"] = torch.cuda.get_rng_state()
-            rng["tracker"] = get_cuda_rng_tracker().get_states()
-        return rng
-
-    def _set_rng_state(self, rng: dict[str, Any]) -> None:
-        torch.set_rng_state(rng["torch_cpu"])
-        if self.device == "cuda" and "cuda" in rng:
-            from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-            torch.cuda.set_rng_state(rng["cuda"])
-            get_cuda_rng_tracker().set_states(rng["tracker"])
 
     # ---- collectives of small values -----------------------------------------------------------
     def _all_ok(self, ok: bool) -> bool:
@@ -373,128 +284,3 @@ class CheckpointManager:
                     print(f"lcm-train: could not mark {iter_dir_name(s)} known-good: {e}", flush=True)
                     continue
                 self.telemetry.emit(EVENT_CKPT_GOOD, step=s, healthy_steps=n, through_step=step, durable=True)
-
-    # ---- load ----------------------------------------------------------------------------------
-    def _verify(self, path: Path) -> tuple[bool, str, str, bool]:
-        """All ranks check a slice of the checkpoint's files each; (ok, file, reason, legacy) everywhere."""
-        v = integrity.verify_checkpoint(path, part=self.rank, parts=self.world)
-        mine = v.problems[:1]
-        found: list[Any] = [None] * self.world
-        dist.all_gather_object(found, (mine, v.legacy))
-        problems = [p for ps, _ in found for p in ps]
-        legacy = any(lg for _, lg in found)
-        if problems:
-            return False, problems[0][0], problems[0][1], legacy
-        return True, "", "", legacy
-
-    def _choose(self) -> tuple[int, Path] | None:
-        """The newest checkpoint at or below `latest` that verifies; rejects (and records) the others.
-        None: nothing to resume from (a fresh run). Raises NoGoodCheckpoint when checkpoints exist but
-        none verifies."""
-        d = self.load_dir
-        assert d is not None
-        problem = ""
-        try:
-            latest = read_latest(d)
-        except CheckpointError as e:
-            latest, problem = None, str(e)
-        complete = complete_steps(d)
-        if latest is None and not complete:
-            if self.rank == 0 and (incomplete := catalog.iter_steps(d)):
-                print(
-                    f"lcm-train: {d}: only incomplete checkpoints ({', '.join(map(str, incomplete))}); "
-                    "starting from step 0",
-                    flush=True,
-                )
-            if problem:
-                raise NoGoodCheckpoint(f"{problem}, and no complete checkpoint in {d}")
-            return None
-        order = sorted((s for s in complete if latest is None or s <= latest), reverse=True)
-        rejected: list[str] = []
-        if latest is not None and latest not in order:
-            why = "incomplete (no lcm_complete.json)" if (d / iter_dir_name(latest)).is_dir() else "missing"
-            if catalog.is_rejected(d / iter_dir_name(latest)):
-                why = "rejected earlier"
-            rejected.append(f"{iter_dir_name(latest)}: {why}")
-            if self.rank == 0:
-                print(f"lcm-train: {LATEST_FILE} names step {latest}, which is {why}", flush=True)
-        for s in order:
-            path = d / iter_dir_name(s)
-            ok, file, reason, legacy = self._verify(path)
-            if ok:
-                self._clean_partials(d, s)
-                if legacy and self.rank == 0:
-                    print(
-                        f"lcm-train: {path.name} has no checksums (written before them): loading unverified"
-                    )
-                if latest != s:
-                    if self.rank == 0:
-                        write_latest_atomically(d, s)
-                        print(f"lcm-train: falling back to {path.name} (verified); latest now names it")
-                    dist.barrier()
-                return s, path
-            rejected.append(f"{path.name}: {file}: {reason}")
-            if self.rank == 0:
-                print(f"lcm-train: checkpoint {path} rejected: {file}: {reason}", flush=True)
-                catalog.mark_rejected(d, s, file, reason)
-            self.telemetry.emit(
-                EVENT_CKPT_REJECTED, step=s, path=str(path), file=file, reason=reason, durable=True
-            )
-        raise NoGoodCheckpoint(f"no checkpoint in {d} verifies: " + "; ".join(rejected))
-
-    def _clean_partials(self, d: Path, chosen: int) -> None:
-        """Rank 0: remove the saves newer than the checkpoint being resumed that never completed (a
-        writer died, the disk filled): never selectable, and named in one line each."""
-        if self.rank != 0:
-            return
-        for s in catalog.iter_steps(d):
-            p = d / iter_dir_name(s)
-            if s > chosen and not catalog.is_complete(p):
-                writers = sorted(int(f.stem[4:]) for f in (p / integrity.SUMS_DIR).glob("rank*.json"))
-                missing = sorted(set(range(self.world)) - set(writers))
-                why = f"ranks {missing} never finished writing" if missing else "its marker was never written"
-                print(f"lcm-train: {p.name}: an incomplete save ({why}): removed, resuming from {chosen}")
-                shutil.rmtree(p, ignore_errors=True)
-
-    def load_latest(
-        self, built: Any, load_optim: bool = True, load_rng: bool = True
-    ) -> tuple[int, dict[str, Any]]:
-        """Verify, then load the newest good checkpoint (model, optimizer, RNG). Returns (step, lcm
-        meta); (0, {}) for a fresh run. Raises NoGoodCheckpoint."""
-        from megatron.core import dist_checkpointing
-
-        if self.load_dir is None:
-            return 0, {}
-        t0 = time.time()
-        chosen = self._choose()
-        if chosen is None:
-            return 0, {}
-        step, path = chosen
-        verify_s = time.time() - t0
-        template = self._sharded_state(built, step, is_loading=True, meta={})
-        if not load_optim:
-            template.pop("optimizer")
-        if not load_rng:
-            template.pop("rng_state")
-        state = dist_checkpointing.load(template, str(path))
-        built.gpt.load_state_dict(state["model"])
-        if load_optim:
-            built.optimizer.load_state_dict(state["optimizer"])
-        elif built.optimizer_impl == "megatron":
-            built.optimizer.reload_model_params()  # fp32 main params from the loaded bf16 model
-        if load_rng:
-            self._set_rng_state(state["rng_state"])
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
-        load_s = time.time() - t0
-        if not catalog.is_known_good(path):
-            self._candidates[step] = 0
-        self.telemetry.emit(
-            EVENT_RESUME,
-            step=int(state["iteration"]),
-            load_s=round(load_s, 6),
-            verify_s=round(verify_s, 6),
-            path=str(path),
-        )
-        return int(state["iteration"]), dict(state.get("lcm") or {})

@@ -1,0 +1,295 @@
+"""The step loop of one rank: forward/backward over micro-batches, the gradient reduction, the numerical
+guard, the optimizer, then telemetry, signals, fault hooks and checkpoints (CheckpointManager).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lcm_runner.contracts import (
+    EVENT_EXIT,
+    EVENT_NONFINITE,
+    EVENT_REWIND,
+    EVENT_START,
+    EVENT_STEP,
+    ExitCode,
+)
+
+from .args import TrainArgs
+from .telemetry import TelemetryWriter
+
+
+@dataclass
+class StepResult:
+    loss: float
+    step_time_s: float
+    comm_time_s: float
+    grad_norm: float | None
+    nonfinite: str = ""  # "loss", "grad", "loss+grad": the guard skipped this step's update
+
+
+class Trainer:
+    def __init__(self, args: TrainArgs, device: str, dp: int, tel: TelemetryWriter):
+        from megatron.core import parallel_state as ps
+
+        from . import model as model_mod
+        from .checkpoint import CheckpointManager, Fault
+        from .data import make_source
+        from .guard import NumericalGuard
+
+        self.args, self.device, self.dp, self.tel = args, device, dp, tel
+        self.ps = ps
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.dp_rank = ps.get_data_parallel_rank()
+        gbs = args.global_batch_size or args.micro_batch_size * dp
+        self.global_batch = gbs
+        self.num_micro = gbs // (args.micro_batch_size * dp)
+        self.tokens_per_step = gbs * args.seq_length
+        self.built = model_mod.build(args, device)
+        self.source = make_source(
+            args.data_path, args.seed, args.seq_length, args.micro_batch_size, args.vocab_size
+        )
+        dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+        self.dev = dev
+        seq = args.seq_length
+        # explicit causal mask: with None megatron builds it on CUDA (True = masked out)
+        self.mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1).to(dev)
+        self.pos = torch.arange(seq).unsqueeze(0).expand(args.micro_batch_size, -1).to(dev)
+        load_dir = Path(args.load) if args.load else (Path(args.save) if args.save else None)
+        self.ckpt = CheckpointManager(
+            save_dir=Path(args.save) if args.save else None,
+            load_dir=load_dir,
+            keep_last=args.keep_last,
+            async_save=args.async_save,
+            telemetry=tel,
+            device=device,
+            fault=Fault(args.fault_crash_in_save, args.fault_crash_rank),
+            good_after_steps=args.ckpt_good_after_steps,
+        )
+        self.guard = (
+            NumericalGuard(args.max_nonfinite_skips, args.max_nonfinite_rewinds, dev)
+            if args.check_for_nan_in_loss_and_grad
+            else None
+        )
+
+    def meta(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "seed": a.seed,
+            "world_size": dist.get_world_size(),
+            "tp": a.tp,
+            "ep": a.ep,
+            "dp": self.dp,
+            "global_batch_size": self.global_batch,
+            "seq_length": a.seq_length,
+            "data": a.data_path or "synthetic",
+        }
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def _inject_nan(self, step: int, attempt: int) -> bool:
+        a = self.args
+        return (
+            step in a.fault_nan_steps
+            and self.rank == a.fault_nan_rank
+            and (a.fault_nan_attempts == 0 or attempt < a.fault_nan_attempts)
+        )
+
+    def train_step(self, step: int, attempt: int = 0) -> StepResult:
+        from megatron.core.distributed import finalize_model_grads
+
+        b = self.built
+        t0 = time.perf_counter()
+        b.model.zero_grad_buffer()
+        b.optimizer.zero_grad()
+        total = torch.zeros((), dtype=torch.float32, device=self.dev)
+        poison = self._inject_nan(step, attempt)
+        for micro in range(self.num_micro):
+            batch = self.source.batch(step, self.dp_rank, micro)
+            tokens = batch.tokens.to(self.dev, non_blocking=True)
+            labels = batch.labels.to(self.dev, non_blocking=True)
+            out = b.model(tokens, self.pos, self.mask, labels=labels)  # per-token CE [b, s]
+            loss = out.float().mean() / self.num_micro
+            if poison:
+                loss = loss * float("nan")  # fault injection: a NaN loss, and so NaN gradients
+            loss.backward()
+            total += loss.detach()
+        comm = 0.0
+        if self.args.measure_comm:
+            self._sync()
+            tc = time.perf_counter()
+        finalize_model_grads([b.model])  # DP + expert-DP grad all-reduce, SP/TP norm grads
+        if self.args.measure_comm:
+            self._sync()
+            comm += time.perf_counter() - tc
+        if self.guard is not None:
+            grads = [p.main_grad for p in b.model.parameters() if getattr(p, "main_grad", None) is not None]
+            verdict = self.guard.check(total, grads)
+            if verdict.bad:  # no optimizer update: the weights stay those of the last healthy step
+                return StepResult(math.nan, time.perf_counter() - t0, comm, None, verdict.what)
+        grad_norm: float | None = None
+        if b.optimizer_impl == "megatron":
+            ok, gn, _ = b.optimizer.step()
+            if not ok:
+                raise RuntimeError(f"optimizer step {step} skipped (non-finite gradients)")
+            grad_norm = float(gn) if gn is not None else None
+        else:
+            for w in b.model.parameters():
+                w.grad = w.main_grad
+            b.optimizer.step()
+        tc = time.perf_counter()
+        dist.all_reduce(total, group=self.ps.get_data_parallel_group())
+        value = total.item() / self.dp  # .item() synchronises the device
+        comm += time.perf_counter() - tc
+        return StepResult(value, time.perf_counter() - t0, comm, grad_norm)
+
+    _last_skipped = False
+
+    def _on_nonfinite(self, step: int, r: StepResult) -> ExitCode | None:
+        """A skipped step: record it; past the budget rewind `latest` and return the exit code."""
+        from .guard import rewind
+
+        assert self.guard is not None
+        self._last_skipped = True
+        self.ckpt.note_step(step, False, r.loss)
+        spent = self.guard.record_skip(step)
+        n, budget = len(self.guard.skipped), self.guard.max_skips
+        self.tel.emit(EVENT_NONFINITE, step=step, what=r.nonfinite, skipped=n, max_skips=budget, durable=True)
+        if self.rank == 0:
+            print(
+                f"lcm-train: step {step}: non-finite {r.nonfinite} on some rank: update and saves skipped "
+                f"({n} of {budget} allowed)",
+                flush=True,
+            )
+        if not spent:
+            return None
+        self.ckpt.finalize(blocking=True)  # a save of an earlier, healthy step may still be in flight
+        verdict: tuple[int, str] | None = None
+        if self.rank == 0:
+            code, reason = rewind(self.ckpt.save_dir, step, self.guard.max_rewinds)
+            verdict = (int(code), reason)
+        box = [verdict]
+        dist.broadcast_object_list(box, src=0)
+        code_i, reason = box[0]  # type: ignore[misc]
+        code = ExitCode(code_i)
+        if self.rank == 0:
+            print(f"lcm-train: {reason}; exit {code_i} ({code.name})", flush=True)
+        if code == ExitCode.NONFINITE:
+            self.tel.emit(EVENT_REWIND, at_step=step, reason=reason, durable=True)
+        self.tel.emit(EVENT_EXIT, code=code_i, reason=reason, durable=True)
+        return code
+
+    def stop_requested(self, handler: Any) -> bool:
+        flag = torch.tensor([1 if handler is not None and handler.pending() else 0], dtype=torch.int32)
+        flag = flag.to(self.dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(int(flag.item()))
+
+    def run(self, handler: Any, attempt: int) -> ExitCode:
+        a = self.args
+        from .checkpoint import read_latest
+
+        latest = read_latest(self.ckpt.load_dir) if self.ckpt.load_dir else None
+        self.tel.emit(
+            EVENT_START,
+            world_size=dist.get_world_size(),
+            tp=a.tp,
+            pp=a.pp,
+            ep=a.ep,
+            dp=self.dp,
+            resumed_from=latest,
+            device=self.device,
+            backend=dist.get_backend(),
+            transformer_impl=self.built.transformer_impl,
+            optimizer_impl=self.built.optimizer_impl,
+            num_params=self.built.num_params,
+            num_microbatches=self.num_micro,
+            global_batch_size=self.global_batch,
+            seq_length=a.seq_length,
+            async_save=a.async_save,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            durable=True,
+        )
+        start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)
+        if self.rank == 0:
+            print(
+                f"lcm-train: world {dist.get_world_size()} tp {a.tp} ep {a.ep} dp {self.dp} "
+                f"device {self.device} "
+                f"params/rank {self.built.num_params} start step {start + 1} of {a.train_iters}",
+                flush=True,
+            )
+        last_saved = start
+        for step in range(start + 1, a.train_iters + 1):
+            sched = a.fault_kill_schedule
+            scheduled = attempt < len(sched) and sched[attempt] == step and self.rank == attempt % self.world
+            if scheduled or (
+                a.fault_kill_at_step == step and attempt == 0 and self.rank == a.fault_kill_rank
+            ):
+                print(
+                    f"[rank{self.rank}] fault injection: SIGKILL at step {step} t={time.time():.3f}",
+                    flush=True,
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+            if a.fault_sleep_ms:
+                time.sleep(a.fault_sleep_ms / 1000.0)
+            r = self.train_step(step, attempt)
+            if r.nonfinite:
+                code = self._on_nonfinite(step, r)
+                if code is not None:
+                    return code
+                continue
+            self.ckpt.note_step(step, True, r.loss)
+            rec: dict[str, Any] = dict(
+                step=step,
+                loss=r.loss,
+                loss_hex=float(r.loss).hex(),
+                step_time_s=round(r.step_time_s, 6),
+                tokens_per_s=round(self.tokens_per_step / r.step_time_s, 3),
+            )
+            if a.measure_comm:
+                rec["comm_time_s"] = round(r.comm_time_s, 6)
+            if r.grad_norm is not None:
+                rec["grad_norm"] = r.grad_norm
+            self.tel.emit(EVENT_STEP, **rec)
+            if self.rank == 0 and (step % a.log_interval == 0 or step == a.train_iters):
+                print(
+                    f"step {step} loss {r.loss:.6f} ({rec['loss_hex']}) "
+                    f"step_time {r.step_time_s * 1000:.1f} ms "
+                    f"tokens/s {rec['tokens_per_s']:.0f}",
+                    flush=True,
+                )
+            self.ckpt.finalize(blocking=False)
+            if self.stop_requested(handler):
+                if a.save:
+                    self.ckpt.save(self.built, step, self.meta(), force_sync=True)
+                self.ckpt.finalize(blocking=True)
+                self.tel.emit(
+                    EVENT_EXIT,
+                    code=int(ExitCode.REQUEUE),
+                    reason="signal: checkpointed, requeue",
+                    durable=True,
+                )
+                return ExitCode.REQUEUE
+            self._last_skipped = False
+            if a.save and a.save_interval and step % a.save_interval == 0:
+                self.ckpt.save(self.built, step, self.meta())
+                last_saved = step
+        if a.save and last_saved != a.train_iters and a.train_iters > start and not self._last_skipped:
+            self.ckpt.save(self.built, a.train_iters, self.meta())
+        self.ckpt.finalize(blocking=True)
+        self.tel.emit(EVENT_EXIT, code=int(ExitCode.OK), reason="finished", durable=True)
+        return ExitCode.OK
