@@ -1,13 +1,21 @@
 """The run config's types (`run.yml`): model size, launch shape, steps, fault plan, SLO targets.
 
-Typed dataclasses with their defaults; loading.py fills them from YAML, validation.py checks them,
-argv.py turns them into the trainer's arguments. The cluster itself (nodes' GPUs, fabric, storage) is
-not described here but in the cluster spec (lcm_runner/spec).
+Typed dataclasses with their defaults (the launch defaults are lcm_runner.contracts'); loading.py fills
+them from YAML, validation.py checks them, argv.py turns them into the trainer's arguments. The cluster
+itself (nodes' GPUs, fabric, storage) is not described here but in the cluster spec (lcm_runner/spec).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from lcm_runner.contracts import (
+    DEFAULT_HB_TIMEOUT_S,
+    DEFAULT_JOIN_TIMEOUT_S,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_MAX_RESTARTS,
+    DEFAULT_TIME_LIMIT,
+)
 
 FAULT_CASES = ("trainer_kill", "node_loss", "torchrun_restart_ref", "floor")
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -94,14 +102,14 @@ class RunConfig:
     train_iters: int = 30
     save_interval: int = 10
     keep_last: int = 2
-    time_limit: str = "00:30:00"
+    time_limit: str = DEFAULT_TIME_LIMIT
     partition: str | None = None  # None: the spec's default partition
     container_image: str | None = None  # Pyxis image (only when the spec enables pyxis)
     container_mounts: list[str] = field(default_factory=list)
-    master_port: int = 29500
-    max_restarts: int = 1
-    rdzv_join_timeout_s: int = 60
-    hb_timeout_s: float = 3.0  # lcm agent only: a peer silent this long is a lost node
+    master_port: int = DEFAULT_MASTER_PORT
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    rdzv_join_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
+    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S  # lcm agent only: a peer silent this long is a lost node
     checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints
     python: str = "python3"  # the interpreter on the nodes (a venv's python on the lab)
     model: ModelConfig = field(default_factory=ModelConfig)
