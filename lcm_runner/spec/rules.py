@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import SpecError
+from .hostlist import EXPECTED as HOSTLIST_EXPECTED
+from .hostlist import HostlistError, expand
 from .safe import host_problem, path_inside, path_problem
-from .schema import defaults
+from .schema import fill_defaults
 
 NODE_GROUPS = ("controller", "compute", "login", "monitoring")
 # Pairs of groups no host may be in together.
@@ -25,6 +28,7 @@ def _get(spec: Mapping[str, Any], dotted: str) -> Any:
 
 def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
     """Rules between fields of a spec that already passed the schema (types are right)."""
+    c = fill_defaults(c)
     e: list[SpecError] = []
     gpu, fabric, storage, layers = c["gpu"], c["fabric"], c["storage"], c["layers"]
 
@@ -75,17 +79,15 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
         e.append(
             SpecError("cluster.storage.fstype", storage["fstype"], f'"" or absent for storage type {stype}')
         )
-    for i, sw in enumerate(fabric.get("topology", [])):
-        if not sw.get("nodes") and not sw.get("switches"):
-            e.append(SpecError(f"cluster.fabric.topology[{i}]", sw, "a switch with nodes or switches"))
+    e += _topology(fabric["topology"])
 
     parts = c["slurm"]["partitions"]
     names = [p["name"] for p in parts]
     for n in sorted({n for n in names if names.count(n) > 1}):
         e.append(SpecError("cluster.slurm.partitions", names, f"unique partition names ({n!r} repeats)"))
-    defaults = [p["name"] for p in parts if p.get("default", False)]
-    if len(defaults) != 1:
-        e.append(SpecError("cluster.slurm.partitions[].default", defaults, "exactly one default partition"))
+    default = [p["name"] for p in parts if p["default"]]
+    if len(default) != 1:
+        e.append(SpecError("cluster.slurm.partitions[].default", default, "exactly one default partition"))
 
     if layers["nvidia"] and count == 0:
         e.append(SpecError("cluster.layers.nvidia", True, "false when cluster.gpu.count_per_node is 0"))
@@ -95,6 +97,54 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
         e.append(
             SpecError("cluster.layers.pyxis", True, "false unless layers.enroot and layers.slurm are true")
         )
+    return e
+
+
+def topology_nodes(topology: list[Mapping[str, Any]]) -> list[str]:
+    """Every node name the topology's leaf switches list (malformed expressions are skipped)."""
+    names: list[str] = []
+    for sw in topology:
+        with contextlib.suppress(HostlistError):
+            names += expand(sw["nodes"]) if sw.get("nodes") else []
+    return names
+
+
+def _topology(topology: list[Mapping[str, Any]]) -> list[SpecError]:
+    """Each switch has nodes or switches, written as Slurm hostlists; names unique; children defined."""
+    e: list[SpecError] = []
+    switches = [sw["switch"] for sw in topology]
+    for n in sorted({n for n in switches if switches.count(n) > 1}):
+        e.append(
+            SpecError("cluster.fabric.topology[].switch", switches, f"unique switch names ({n!r} repeats)")
+        )
+    for i, sw in enumerate(topology):
+        path = f"cluster.fabric.topology[{i}]"
+        if not sw.get("nodes") and not sw.get("switches"):
+            e.append(SpecError(path, sw, "a switch with nodes or switches"))
+        for field in ("nodes", "switches"):
+            if not sw.get(field):
+                continue
+            try:
+                names = expand(sw[field])
+            except HostlistError as exc:
+                e.append(SpecError(f"{path}.{field}", sw[field], f"{HOSTLIST_EXPECTED}; {exc}"))
+                continue
+            if field == "nodes":
+                bad = [(n, why) for n in names if (why := host_problem(n))]
+                if bad:
+                    e.append(
+                        SpecError(f"{path}.nodes", sw["nodes"], f"names that are {bad[0][1]} ({bad[0][0]!r})")
+                    )
+            else:
+                unknown = [n for n in names if n not in switches]
+                if unknown:
+                    e.append(
+                        SpecError(
+                            f"{path}.switches",
+                            sw["switches"],
+                            f"switches defined in cluster.fabric.topology (unknown: {', '.join(unknown)})",
+                        )
+                    )
     return e
 
 
@@ -110,7 +160,7 @@ def _storage_paths(storage: Mapping[str, Any]) -> list[SpecError]:
         why = path_problem(ckpt) or path_problem(mount)
         expected = f"a path inside storage.mountpoint ({mount})" + (f"; {why}" if why else "")
         e.append(SpecError("cluster.storage.checkpoint_dir", ckpt, expected))
-    scratch = storage.get("local_scratch", defaults()["storage"]["local_scratch"])
+    scratch = storage["local_scratch"]
     if isinstance(scratch, str) and mount != "/" and path_inside(scratch, mount):
         e.append(
             SpecError(
@@ -170,12 +220,26 @@ def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> li
             )
     storage = _get(c, "storage") or {}
     if storage.get("type") == "nfs":
-        sg = (storage.get("nfs") or {}).get("server_group", "controller")
+        sg = (storage.get("nfs") or {}).get("server_group")
         if not groups.get(sg):
             e.append(
                 SpecError("cluster.storage.nfs.server_group", sg, "an inventory group with at least 1 host")
             )
     compute = set(groups.get("compute", []))
+    fabric = _get(c, "fabric") or {}
+    if isinstance(fabric.get("topology"), list):
+        unknown = [n for n in dict.fromkeys(topology_nodes(fabric["topology"])) if n not in compute]
+        if unknown:
+            e.append(
+                SpecError(
+                    "cluster.fabric.topology[].nodes",
+                    unknown,
+                    "inventory hosts of group compute (the nodes slurm.conf defines; not there: "
+                    + ", ".join(unknown[:10])
+                    + (", ..." if len(unknown) > 10 else "")
+                    + ")",
+                )
+            )
     for i, part in enumerate(_get(c, "slurm.partitions") or []):
         for g in part.get("groups", []):
             path = f"cluster.slurm.partitions[{i}].groups"

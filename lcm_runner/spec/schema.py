@@ -12,6 +12,7 @@ is a path that must be safe to use as a shell word (lcm_runner/spec/safe.py); it
 
 from __future__ import annotations
 
+import copy
 import re
 from functools import cache
 from importlib import resources
@@ -135,4 +136,37 @@ def defaults(schema: dict[str, Any] | None = None) -> dict[str, Any]:
             nested = defaults(sub)
             if nested:
                 out[key] = nested
+    return out
+
+
+def fill(value: Any, schema: dict[str, Any]) -> Any:
+    """A deep copy of value with every absent field that has a schema `default` filled in.
+
+    Recurses into present mappings and into the items of lists; an absent mapping without a default of
+    its own stays absent (e.g. storage.nfs: the caller decides when it applies). Values of the wrong type
+    are copied unchanged (fill after validation).
+    """
+    if isinstance(value, dict):
+        props: dict[str, Any] = schema.get("properties", {})
+        out = {k: fill(v, props[k]) if k in props else copy.deepcopy(v) for k, v in value.items()}
+        for key, sub in props.items():
+            if key not in out and "default" in sub:
+                out[key] = fill(copy.deepcopy(sub["default"]), sub)
+        return out
+    if isinstance(value, list):
+        items = schema.get("items", {})
+        return [fill(v, items) for v in value]
+    return copy.deepcopy(value)
+
+
+def fill_defaults(spec: Any) -> Any:
+    """A copy of spec with the schema's defaults filled in (storage.nfs's only for storage type nfs).
+
+    Meant for a spec that passed check(); values of the wrong type are copied unchanged. Idempotent.
+    """
+    schema = load_schema()
+    out = fill(spec, schema)
+    storage = out.get("storage") if isinstance(out, dict) else None
+    if isinstance(storage, dict) and storage.get("type") == "nfs" and "nfs" not in storage:
+        storage["nfs"] = fill({}, schema["properties"]["storage"]["properties"]["nfs"])
     return out

@@ -1,7 +1,8 @@
 """Action plugin: validate the cluster spec, the inventory groups, the lock and the mirror settings.
 
 Runs on the controller only (playbooks/validate.yml, hosts: localhost) with lcm_runner.spec, the same
-validator the runner uses. Fails with one line per error: field, value found, what is expected.
+validator the runner uses. Fails with one line per error: field, value found, what is expected. On
+success it returns `cluster`: the spec with the schema's defaults filled in.
 """
 
 from __future__ import annotations
@@ -14,46 +15,15 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 
 try:
-    from lcm_runner.spec import validate
+    from lcm_runner.spec import fill_defaults, validate
 except ImportError:  # controller venv without the editable install: use the checkout this plugin lives in
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from lcm_runner.spec import validate
+    from lcm_runner.spec import fill_defaults, validate
 
 from lcm_runner.spec.errors import SpecError
+from lcm_runner.spec.lock_rules import SETTINGS, check_lock
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_ARTIFACT_KEYS = {"version", "url", "sha256", "filename", "filename_template", "url_template", "note"}
-
-
-def check_lock(lock: Any) -> list[SpecError]:
-    """lcm_lock: packages name -> exact version; artifacts name -> {version, url, sha256|null, filename}."""
-    if not isinstance(lock, dict):
-        return [
-            SpecError("lcm_lock", lock, "a mapping (versions.lock.yml linked as group_vars/all/lock.yml)")
-        ]
-    errors: list[SpecError] = []
-    for name, ver in (lock.get("packages") or {}).items():
-        if not isinstance(ver, str) or not ver or any(c in ver for c in " *<>"):
-            errors.append(SpecError(f"lcm_lock.packages.{name}", ver, "an exact Debian version string"))
-    for name, art in (lock.get("artifacts") or {}).items():
-        path = f"lcm_lock.artifacts.{name}"
-        if not isinstance(art, dict):
-            errors.append(SpecError(path, art, "a mapping {version, url, sha256, filename}"))
-            continue
-        for key in sorted(set(art) - _ARTIFACT_KEYS):
-            errors.append(SpecError(f"{path}.{key}", art[key], "no such field (unknown key)"))
-        for key in ("version", "url", "filename"):
-            if not isinstance(art.get(key), str) or not art.get(key):
-                errors.append(SpecError(f"{path}.{key}", art.get(key), "a non-empty string"))
-        sha = art.get("sha256")
-        if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
-            errors.append(
-                SpecError(f"{path}.sha256", sha, "64 lowercase hex digits, or null (not locked yet)")
-            )
-        fname = art.get("filename")
-        if isinstance(fname, str) and ("/" in fname or fname.startswith(".")):
-            errors.append(SpecError(f"{path}.filename", fname, "a plain file name"))
-    return errors
+__all__ = ["ActionModule", "check_lock", "check_mirror"]
 
 
 def check_mirror(mirror: Any, apt_mirror: Any, pip_index: Any, apt_security: Any = None) -> list[SpecError]:
@@ -75,8 +45,30 @@ def check_mirror(mirror: Any, apt_mirror: Any, pip_index: Any, apt_security: Any
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _VALID_ARGS = frozenset(
-        ("spec", "groups", "lock", "mirror", "apt_mirror", "apt_security_mirror", "pip_index_url")
+        (
+            "spec",
+            "groups",
+            "lock",
+            "settings",
+            "mirror",
+            "apt_mirror",
+            "apt_security_mirror",
+            "pip_index_url",
+        )
     )
+
+    def _inventory_settings(self, task_vars: dict[str, Any]) -> dict[str, Any]:
+        """SETTINGS the inventory defines: for localhost, or else for the first cluster host."""
+        hostvars = task_vars.get("hostvars") or {}
+        hosts = [h for h in task_vars.get("groups", {}).get("all", []) if h != "localhost"]
+        view = hostvars[hosts[0]] if hosts and hosts[0] in hostvars else {}
+        out: dict[str, Any] = {}
+        for name in SETTINGS:
+            if name in task_vars:
+                out[name] = self._templar.template(task_vars[name])
+            elif name in view:
+                out[name] = view[name]
+        return out
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
@@ -90,9 +82,13 @@ class ActionModule(ActionBase):
             }
         spec = args["spec"]
         groups = args.get("groups", task_vars.get("groups", {}))
-        errors = validate(spec, {k: list(v) for k, v in groups.items()})
-        if "lock" in args:
-            errors += check_lock(args["lock"])
+        # Role settings the lock's needs depend on (lock_rules.SETTINGS): the inventory's values where it
+        # sets one (the `settings` argument, else the play's variables); the rest are the roles' defaults.
+        settings = args.get("settings")
+        if settings is None:
+            settings = self._inventory_settings(task_vars)
+        settings = {k: v for k, v in settings.items() if k in SETTINGS}
+        errors = validate(spec, {k: list(v) for k, v in groups.items()}, args.get("lock"), settings)
         errors += check_mirror(
             args.get("mirror"),
             args.get("apt_mirror"),
@@ -110,4 +106,7 @@ class ActionModule(ActionBase):
         else:
             name = spec.get("name") if isinstance(spec, dict) else spec
             result["msg"] = f"cluster spec {name!r} and inventory valid"
+            # The spec with the schema's defaults filled in: playbooks/validate.yml sets it as every
+            # host's `cluster`, so the roles read one complete, validated spec and restate no default.
+            result["cluster"] = fill_defaults(spec)
         return result

@@ -36,7 +36,8 @@ def test_example_h200_spec_valid() -> None:
     spec = h200()
     assert spec["gpu"] == {"model": "h200", "count_per_node": 8, "gres_type": "h200", "nvswitch": True}
     assert spec["fabric"]["hcas"] == [f"mlx5_{i}" for i in range(8)]
-    assert validate(spec, GROUPS) == []
+    groups = {**GROUPS, "compute": ["h200-gpu01", "h200-gpu02"]}
+    assert validate(spec, groups) == []
 
 
 def test_schema_is_valid_json_schema_and_agrees() -> None:

@@ -66,7 +66,9 @@ def _run(tmp_path: Path, inv: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _spec() -> dict:
-    return yaml.safe_load((EXAMPLE / "group_vars" / "all" / "cluster.yml").read_text())["cluster"]
+    spec = yaml.safe_load((EXAMPLE / "group_vars" / "all" / "cluster.yml").read_text())["cluster"]
+    spec["fabric"]["topology"][0]["nodes"] = "gpu[1-2]"  # this file's compute hosts
+    return spec
 
 
 def test_good_spec_reaches_hosts(tmp_path: Path) -> None:

@@ -1,0 +1,266 @@
+"""The lock (versions.lock.yml, `lcm_lock`) against the spec: its shape, the entries every enabled layer
+installs, and the version pairs that must agree. Checked on the controller before any host changes.
+
+What a layer installs is read from the roles themselves (their defaults/main.yml and vars/main.yml, with
+the inventory's overrides of a role's public settings), so the roles stay the one place that names their
+packages; only the conditions the roles write as Jinja (which packages a node role adds) are spelled out
+here, and tests/unit/test_spec_lock.py checks them against the role files.
+
+    lock_errors(cluster, lock, settings={"nvidia_driver_source": "debian"})
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+
+ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_ARTIFACT_KEYS = {"version", "url", "sha256", "filename", "filename_template", "url_template", "note"}
+
+# Minimum Linux driver of each CUDA major version (NVIDIA's CUDA release notes, table "CUDA Toolkit and
+# Minimum Required Driver Version for CUDA Minor Version Compatibility"): an NCCL built for +cudaX.Y
+# needs at least this driver.
+CUDA_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+# Public role settings the lock needs depend on (the inventory may override each; absent = the role's
+# default from roles/<role>/defaults/main.yml).
+SETTINGS = {
+    "common_packages": "common",
+    "nvidia_driver_source": "nvidia_driver",
+    "nvidia_driver_artifact": "nvidia_driver",
+    "nvidia_driver_fabric_manager_artifact": "nvidia_driver",
+    "nvidia_driver_debian_packages": "nvidia_driver",
+    "rdma_stack": "rdma",
+    "rdma_inbox_packages": "rdma",
+    "rdma_doca_artifact": "rdma",
+    "nccl_install_method": "nccl",
+    "nccl_artifacts": "nccl",
+    "enroot_caps": "enroot",
+}
+
+
+@cache
+def _role_file(role: str, sub: str) -> dict[str, Any]:
+    path = ROLES_DIR / role / sub / "main.yml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return data if isinstance(data, dict) else {}
+
+
+def role_value(role: str, name: str) -> Any:
+    """roles/<role>/{defaults,vars}/main.yml's literal value of name (KeyError when absent)."""
+    for sub in ("vars", "defaults"):
+        data = _role_file(role, sub)
+        if name in data:
+            return data[name]
+    raise KeyError(f"roles/{role}: no variable {name}")
+
+
+def role_settings(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """SETTINGS' values: the override where given, else the role's default."""
+    overrides = overrides or {}
+    return {
+        name: overrides[name] if name in overrides else role_value(role, name)
+        for name, role in SETTINGS.items()
+    }
+
+
+def upstream_version(version: str) -> str:
+    """'1:535.309.01-0+deb12u1' -> '535.309.01'; '580.159.04-1' -> '580.159.04' (nvidia_checks.py's rule)."""
+    v = str(version).strip()
+    v = v.split(":", 1)[1] if re.match(r"^\d+:", v) else v
+    return v.split("-", 1)[0]
+
+
+def _vtuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def check_lock(lock: Any) -> list[SpecError]:
+    """lcm_lock: packages name -> exact version; artifacts name -> {version, url, sha256|null, filename}."""
+    if not isinstance(lock, dict):
+        return [
+            SpecError("lcm_lock", lock, "a mapping (versions.lock.yml linked as group_vars/all/lock.yml)")
+        ]
+    errors: list[SpecError] = []
+    for name, ver in (lock.get("packages") or {}).items():
+        if not isinstance(ver, str) or not ver or any(c in ver for c in " *<>"):
+            errors.append(SpecError(f"lcm_lock.packages.{name}", ver, "an exact Debian version string"))
+    for name, art in (lock.get("artifacts") or {}).items():
+        path = f"lcm_lock.artifacts.{name}"
+        if not isinstance(art, dict):
+            errors.append(SpecError(path, art, "a mapping {version, url, sha256, filename}"))
+            continue
+        for key in sorted(set(art) - _ARTIFACT_KEYS):
+            errors.append(SpecError(f"{path}.{key}", art[key], "no such field (unknown key)"))
+        for key in ("version", "url", "filename"):
+            if not isinstance(art.get(key), str) or not art.get(key):
+                errors.append(SpecError(f"{path}.{key}", art.get(key), "a non-empty string"))
+        sha = art.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
+            errors.append(
+                SpecError(f"{path}.sha256", sha, "64 lowercase hex digits, or null (not locked yet)")
+            )
+        fname = art.get("filename")
+        if isinstance(fname, str) and ("/" in fname or fname.startswith(".")):
+            errors.append(SpecError(f"{path}.filename", fname, "a plain file name"))
+    return errors
+
+
+def layer_needs(cluster: Mapping[str, Any], settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(layer, "packages" | "artifacts", name) for every lock entry an enabled layer installs.
+
+    cluster is a validated, filled-in spec; settings are role_settings().
+    """
+    layers, gpu, storage = cluster["layers"], cluster["gpu"], cluster["storage"]
+    out: list[tuple[str, str, str]] = []
+
+    def need(layer: str, kind: str, names: Any) -> None:
+        out.extend((layer, kind, str(n)) for n in names)
+
+    if layers.get("base", True):
+        need("base", "packages", settings["common_packages"])
+    if layers["nvidia"]:
+        if settings["nvidia_driver_source"] == "debian":
+            need("nvidia", "packages", settings["nvidia_driver_debian_packages"])
+        else:
+            need("nvidia", "artifacts", [settings["nvidia_driver_artifact"]])
+            need("nvidia", "packages", ["dkms"])  # roles/nvidia_driver/tasks/install.yml (artifact path)
+        if gpu["nvswitch"]:
+            need("nvidia", "artifacts", [settings["nvidia_driver_fabric_manager_artifact"]])
+    if layers["rdma"]:
+        if settings["rdma_stack"] == "doca_ofed":
+            need("rdma", "artifacts", [settings["rdma_doca_artifact"]])
+        else:
+            need("rdma", "packages", settings["rdma_inbox_packages"])
+    if layers["nccl"] and settings["nccl_install_method"] == "artifact":
+        need("nccl", "artifacts", settings["nccl_artifacts"])
+    if layers["enroot"]:
+        need("enroot", "packages", role_value("enroot", "_enroot_dep_packages"))
+        need("enroot", "artifacts", ["enroot", "enroot_caps"] if settings["enroot_caps"] else ["enroot"])
+    if layers["pyxis"]:
+        need("pyxis", "packages", role_value("pyxis", "_pyxis_build_packages"))
+        need("pyxis", "artifacts", ["pyxis"])  # roles/pyxis/tasks/install.yml
+    if layers["slurm"]:
+        need("slurm", "packages", role_value("munge", "_munge_packages"))
+        # roles/slurm/vars/main.yml _slurm_packages: the common ones, slurmctld (controller), slurmd (compute)
+        need("slurm", "packages", [*role_value("slurm", "_slurm_packages_common"), "slurmctld", "slurmd"])
+    if layers["storage"] and storage["type"] == "nfs":
+        # roles/shared_storage/vars/main.yml _shared_storage_packages (server and clients)
+        need("storage", "packages", ["nfs-kernel-server", "nfs-common"])
+    if layers["runner"]:
+        need("runner", "packages", role_value("lcm_runner", "_lcm_runner_packages"))
+    return out
+
+
+def _version(lock: Mapping[str, Any], kind: str, name: str) -> str | None:
+    entry = (lock.get(kind) or {}).get(name)
+    if kind == "artifacts":
+        entry = entry.get("version") if isinstance(entry, dict) else None
+    return entry if isinstance(entry, str) and entry else None
+
+
+def _path(kind: str, name: str) -> str:
+    return f"lcm_lock.{kind}.{name}"
+
+
+def lock_errors(
+    cluster: Mapping[str, Any], lock: Any, settings: Mapping[str, Any] | None = None
+) -> list[SpecError]:
+    """Shape, the entries the enabled layers need, and version pairs, of lock for the filled-in cluster."""
+    errors = check_lock(lock)
+    if errors:
+        return errors
+    s = role_settings(settings)
+    missing: dict[tuple[str, str], list[str]] = {}
+    for layer, kind, name in layer_needs(cluster, s):
+        if (lock.get(kind) or {}).get(name) is None:
+            missing.setdefault((kind, name), []).append(layer)
+    for (kind, name), by in missing.items():
+        layers = ", ".join(f"cluster.layers.{layer}" for layer in dict.fromkeys(by))
+        errors.append(
+            SpecError(_path(kind, name), None, f"an entry: {layers} is true and installs it from the lock")
+        )
+    return errors + _pairs(cluster, lock, s)
+
+
+def _same(
+    lock: Mapping[str, Any], why: str, entries: list[tuple[str, str]], upstream: bool = False
+) -> list[SpecError]:
+    """Every present entry has the first present entry's version (upstream part only when upstream)."""
+    present = [(k, n, v) for k, n in entries if (v := _version(lock, k, n)) is not None]
+    if len(present) < 2:
+        return []
+    k0, n0, v0 = present[0]
+    norm = upstream_version if upstream else str
+    return [
+        SpecError(_path(k, n), v, f"version {norm(v0)} like {_path(k0, n0)} ({why})")
+        for k, n, v in present[1:]
+        if norm(v) != norm(v0)
+    ]
+
+
+def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, Any]) -> list[SpecError]:
+    """Versions that must agree, for the layers that are on (what the roles would find at converge)."""
+    layers, gpu = cluster["layers"], cluster["gpu"]
+    e: list[SpecError] = []
+    debian = s["nvidia_driver_source"] == "debian"
+    driver = (
+        ("packages", s["nvidia_driver_debian_packages"][0])
+        if debian
+        else ("artifacts", s["nvidia_driver_artifact"])
+    )
+    driver_version = _version(lock, *driver)
+    if layers["nvidia"] and gpu["nvswitch"]:
+        fm = ("artifacts", s["nvidia_driver_fabric_manager_artifact"])
+        e += _same(lock, "Fabric Manager must equal the driver version", [driver, fm], upstream=True)
+    if layers["slurm"]:
+        slurm = [*role_value("slurm", "_slurm_packages_common"), "slurmctld", "slurmd"]
+        if layers["pyxis"]:
+            slurm += role_value("pyxis", "_pyxis_build_packages")[:2]  # libslurm-dev, ...-plugins-dev
+        why = "one Slurm release on every node" + (
+            "; pyxis is built against these headers" if layers["pyxis"] else ""
+        )
+        e += _same(lock, why, [("packages", n) for n in slurm])
+        e += _same(
+            lock, "munge and its library", [("packages", n) for n in role_value("munge", "_munge_packages")]
+        )
+    if layers["enroot"] and s["enroot_caps"]:
+        e += _same(
+            lock,
+            "enroot+caps is built for one enroot",
+            [("artifacts", "enroot"), ("artifacts", "enroot_caps")],
+        )
+    nccl_names = list(s["nccl_artifacts"])
+    nccl_used = (
+        layers["nccl"] and gpu["count_per_node"] > 0 and s["nccl_install_method"] in ("auto", "artifact")
+    )
+    if nccl_used:
+        e += _same(lock, "the NCCL runtime and its headers", [("artifacts", n) for n in nccl_names])
+    if nccl_used and layers["nvidia"] and driver_version:
+        for name in nccl_names:
+            ver = _version(lock, "artifacts", name)
+            m = re.search(r"\+cuda(\d+)\.(\d+)", ver or "")
+            if not m or int(m.group(1)) not in CUDA_MIN_DRIVER:
+                continue
+            need = CUDA_MIN_DRIVER[int(m.group(1))]
+            if _vtuple(upstream_version(driver_version)) < _vtuple(need):
+                e.append(
+                    SpecError(
+                        _path(*driver),
+                        driver_version,
+                        f"a driver >= {need}: {_path('artifacts', name)} {ver} is built for CUDA "
+                        f"{m.group(1)}.{m.group(2)}, which needs it",
+                    )
+                )
+    return e
