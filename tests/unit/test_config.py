@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,3 +259,44 @@ def test_checkpoint_dir_must_be_inside_the_spec_storage() -> None:
     escaping = config.RunConfig(checkpoint_dir="/shared/../etc")
     assert any("'..' components are not allowed" in p for p in config.validate(escaping))
     assert config.cluster_problems(escaping, cluster) == []
+
+
+# --------------------------------------------------------------------------- one copy of the trainer's rules
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"num_attention_heads": 3},
+        {"tp": 3},
+        {"ep": 3},
+        {"moe_router_topk": 1},
+        {"tp": 2, "ffn_hidden_size": 129},
+        {"tp": 2, "seq_length": 63},
+        {"global_batch_size": 6},
+        {"seed": -1},
+    ],
+)
+def test_config_refuses_what_the_trainer_refuses(model: dict) -> None:
+    """The run config's model checks are the trainer's (lcm_runner/train/rules.py): the same argv fails
+    in the trainer, so nothing the config accepts fails at the trainer's start."""
+    from lcm_runner.train.args import ArgError, parse_args, validate_world
+
+    data = _lab()
+    data["model"] = {**data["model"], **model}
+    with pytest.raises(config.ConfigError):
+        config.from_dict(data)
+    base = config.from_dict(_lab())
+    cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, **model))
+    with pytest.raises(ArgError):
+        validate_world(parse_args(cfg.to_train_args("/ck")), cfg.world_size)
+
+
+def test_validation_needs_no_torch() -> None:
+    """Run configs are validated on the controller, which has no torch."""
+    code = (
+        "import sys; from lcm_runner.config import load_run_config; "
+        f"load_run_config({str(ROOT / 'configs' / 'h200.yml')!r}); "
+        "assert 'torch' not in sys.modules and 'megatron' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
