@@ -101,7 +101,8 @@ def record(
 ) -> tuple[bool, int | None, dict[str, Any]]:
     """(changed, generation number, record). No new generation when nothing differs from current.
 
-    The record carries `secrets_purged` ({generation: [paths]}, not stored) when old copies were removed."""
+    The returned record also says (not stored) `recorded` (a new generation) and `secrets_purged`
+    ({generation: [paths]} whose stored copies were removed); changed is true for either."""
     if rollback_of is not None:
         src = load_generation(gen_dir, rollback_of)
         lock_sha256, spec_sha256 = src["lock_sha256"], src["spec_sha256"]
@@ -117,7 +118,7 @@ def record(
         if state_key(prev["lock_sha256"], prev["spec_sha256"], prev["roles"]) == state_key(
             lock_sha256, spec_sha256, roles
         ):
-            return bool(purged), cur, {**prev, "secrets_purged": purged}
+            return bool(purged), cur, {**prev, "secrets_purged": purged, "recorded": False}
     n = (max(generations(gen_dir), default=0)) + 1
     rec = {
         "generation": n,
@@ -130,7 +131,7 @@ def record(
         "roles": roles,
     }
     if check:
-        return True, n, {**rec, "secrets_purged": purged}
+        return True, n, {**rec, "secrets_purged": purged, "recorded": True}
     gen_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(gen_dir, 0o700)  # copies of managed files (secrets are never copied)
     for r in roles.values():
@@ -145,7 +146,7 @@ def record(
                 raise GenerationError(f"{path} changed while being recorded; run again")
     write_generation(gen_dir, rec)
     point_current(gen_dir, n)
-    return True, n, {**rec, "secrets_purged": purged}
+    return True, n, {**rec, "secrets_purged": purged, "recorded": True}
 
 
 def drift(

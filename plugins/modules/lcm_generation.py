@@ -119,6 +119,10 @@ services:
   description: Services to restart (state=restore).
   type: list
   returned: always
+recorded:
+  description: Whether a new generation was (check mode - would be) recorded (state=record).
+  type: bool
+  returned: when state=record
 secrets_kept:
   description: Secrets whose content differs from the generation, left as they are (state=restore).
   type: list
@@ -164,6 +168,7 @@ def main() -> None:
                 changed=changed,
                 generation=n,
                 rollback_of=rec.get("rollback_of"),
+                recorded=rec["recorded"],
                 secrets_purged={str(k): v for k, v in rec["secrets_purged"].items()},
                 secrets_kept=[],
                 drift=[],

@@ -104,9 +104,6 @@ def test_not_in_ansible_output_of_a_converge(needles: dict[str, bytes], tmp_path
     assert not _found(out, needles), _found(out, needles)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the generation store (/var/lib/lcm) keeps a copy of the munge key for rollback"
-)
 @pytest.mark.parametrize("node", NODES)
 def test_not_in_any_node_log(needles: dict[str, bytes], node: str) -> None:
     journal = _exec(node, "journalctl", "--no-pager", "-o", "cat")

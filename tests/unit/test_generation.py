@@ -224,3 +224,152 @@ def test_dpkg_versions_reads_the_real_dpkg_database() -> None:
     got = gen.dpkg_versions(["dpkg", "lcm-no-such-package"])
     assert got["lcm-no-such-package"] is None
     assert got["dpkg"] and got["dpkg"][0].isdigit()
+
+
+# --- secrets (issue 10): recorded by sha256/mode/owner only, never copied into the store ---------------
+
+KEY = b"\x01" * 32
+
+
+def _mark_munge_secret(t: dict[str, Path], services: tuple[str, ...] = ("munge.service",)) -> Path:
+    key = t["etc"] / "munge.key"
+    body = gen.manifest_text("munge", [], ["munge"], list(services), [str(key)])
+    (t["managed"] / "munge.json").write_bytes(body)
+    return key
+
+
+def _leaks(t: dict[str, Path], secret: bytes) -> list[str]:
+    """Every file under the generation store that holds the secret (raw, hex or base64)."""
+    import base64
+
+    needles = (secret, secret.hex().encode(), base64.b64encode(secret))
+    return [str(p) for p in t["gens"].rglob("*") if p.is_file() and any(n in p.read_bytes() for n in needles)]
+
+
+def test_manifest_text_is_what_ansible_to_nice_json_writes() -> None:
+    from ansible.plugins.filter.core import to_nice_json
+
+    body = {
+        "role": "munge",
+        "files": ["/etc/munge/lcm-key-serial", "/etc/munge/munge.key"],
+        "packages": ["libmunge2", "munge"],
+        "services": ["munge.service"],
+        "secrets": ["/etc/munge/munge.key"],
+    }
+    got = gen.manifest_text("munge", ["/etc/munge/lcm-key-serial"], ["munge", "libmunge2"], ["munge.service"],
+                            ["/etc/munge/munge.key"])  # fmt: skip
+    assert got == (to_nice_json(body) + "\n").encode()
+
+
+def test_secret_is_recorded_by_hash_but_never_copied(tree: dict[str, Path]) -> None:
+    key = _mark_munge_secret(tree)
+    changed, n, rec = _rec(tree, Packages(munge="1"))
+    assert (changed, n) == (True, 1)
+    st = rec["roles"]["munge"]["files"][str(key)]
+    assert st["sha256"] == hashlib.sha256(KEY).hexdigest() and st["mode"] == "0400"
+    assert rec["roles"]["munge"]["secrets"] == [str(key)]
+    assert not (tree["gens"] / "1" / "files" / str(key).lstrip("/")).exists()
+    conf = str(tree["etc"] / "slurm.conf")
+    assert (tree["gens"] / "1" / "files" / conf.lstrip("/")).exists()  # other files are still copied
+    assert _leaks(tree, KEY) == []
+    assert _rec(tree, Packages(munge="1"))[:2] == (False, 1)
+
+
+def test_drift_sees_a_changed_secret(tree: dict[str, Path]) -> None:
+    key = _mark_munge_secret(tree)
+    _rec(tree, Packages())
+    os.chmod(key, 0o600)
+    key.write_bytes(b"\x02" * 32)
+    cur, diffs = gen.drift(tree["gens"], tree["managed"], Packages())
+    assert cur == 1 and len(diffs) == 1
+    d = diffs[0]
+    assert (d["kind"], d["path"], d["secret"]) == ("file", str(key), True)
+    assert d["actual"]["sha256"] == hashlib.sha256(b"\x02" * 32).hexdigest() != d["expected"]["sha256"]
+
+
+def test_restore_keeps_the_current_secret_and_says_so(tree: dict[str, Path]) -> None:
+    key = _mark_munge_secret(tree)
+    pk = Packages()
+    _rec(tree, pk)
+    os.chmod(key, 0o600)
+    key.write_bytes(b"\x02" * 32)  # a rotated key
+    conf = tree["etc"] / "slurm.conf"
+    conf.write_text("ClusterName=other\n")
+    assert _rec(tree, pk)[1] == 2
+    res = gen.restore(tree["gens"], tree["managed"], 1, pk)
+    assert res["secrets_kept"] == [str(key)]
+    assert res["restored_files"] == [str(conf)]
+    assert res["services"] == ["slurmd"]  # munge's files were not touched: munge is not restarted
+    assert key.read_bytes() == b"\x02" * 32 and conf.read_text() == "ClusterName=lab\n"
+    # the manifest a restore writes is the one the role writes (secret marked)
+    assert (tree["managed"] / "munge.json").read_bytes() == gen.manifest_text(
+        "munge", [], ["munge"], ["munge.service"], [str(key)]
+    )
+    # check mode says the same and writes nothing
+    conf.write_text("edited\n")
+    res = gen.restore(tree["gens"], tree["managed"], 1, pk, check=True)
+    assert res["secrets_kept"] == [str(key)] and conf.read_text() == "edited\n"
+
+
+def test_restore_puts_back_a_secrets_mode_when_its_content_is_the_same(tree: dict[str, Path]) -> None:
+    key = _mark_munge_secret(tree)
+    _rec(tree, Packages())
+    os.chmod(key, 0o644)
+    res = gen.restore(tree["gens"], tree["managed"], 1, Packages())
+    assert res["restored_files"] == [str(key)] and res["secrets_kept"] == []
+    assert res["services"] == ["munge.service"]
+    assert oct(key.stat().st_mode & 0o777) == "0o400" and key.read_bytes() == KEY
+
+
+def test_copies_older_generations_kept_are_purged_once_marked_secret(tree: dict[str, Path]) -> None:
+    """A store written before the marking holds the key: the next record takes it out (issue 10)."""
+    pk = Packages(slurmd="1", munge="1")
+    _rec(tree, pk)  # the fixture's munge.json does not mark the key
+    (tree["etc"] / "slurm.conf").write_text("ClusterName=lab2\n")
+    _rec(tree, pk)
+    assert len(_leaks(tree, KEY)) == 2  # both generations copied it
+    key = _mark_munge_secret(tree, services=())  # the same manifest as before, the key marked secret
+    changed, n, rec = _rec(tree, pk, check=True)
+    assert (n, rec["secrets_purged"]) == (2, {1: [str(key)], 2: [str(key)]}) and len(_leaks(tree, KEY)) == 2
+    changed, n, rec = _rec(tree, pk)
+    # nothing else differs: no new generation, but the copies are gone and the records say secret
+    assert (changed, n, rec["secrets_purged"]) == (True, 2, {1: [str(key)], 2: [str(key)]})
+    assert _leaks(tree, KEY) == [] and gen.generations(tree["gens"]) == [1, 2]
+    for g in (1, 2):
+        assert gen.load_generation(tree["gens"], g)["roles"]["munge"]["secrets"] == [str(key)]
+    assert _rec(tree, pk)[:2] == (False, 2)
+    assert gen.drift(tree["gens"], tree["managed"], pk) == (2, [])
+    # a rollback to generation 1 (recorded before the marking) leaves the key alone
+    key.chmod(0o600)
+    key.write_bytes(b"\x03" * 32)
+    res = gen.restore(tree["gens"], tree["managed"], 1, pk)
+    assert res["secrets_kept"] == [str(key)] and key.read_bytes() == b"\x03" * 32
+
+
+def test_restore_does_not_write_a_secret_the_manifests_mark_now(tree: dict[str, Path]) -> None:
+    """A rollback before any record since the marking: the old copy is there, and still not used."""
+    pk = Packages()
+    _rec(tree, pk)
+    key = _mark_munge_secret(tree)
+    key.chmod(0o600)
+    key.write_bytes(b"\x04" * 32)
+    res = gen.restore(tree["gens"], tree["managed"], 1, pk)
+    assert res["secrets_kept"] == [str(key)] and key.read_bytes() == b"\x04" * 32
+
+
+@pytest.mark.parametrize(
+    ("secrets", "files", "message"),
+    [
+        (["/etc/munge/munge.key"], [], "secrets must also be listed in files"),
+        (["munge.key"], ["munge.key"], "absolute paths"),
+        (["/etc/munge/../shadow"], ["/etc/munge/../shadow"], "absolute paths"),
+        ("/etc/munge/munge.key", [], "secrets must be a list"),
+    ],
+)
+def test_bad_secrets_are_a_clear_error(
+    tree: dict[str, Path], secrets: object, files: list, message: str
+) -> None:
+    body = {"role": "munge", "files": files, "packages": [], "secrets": secrets}
+    (tree["managed"] / "munge.json").write_text(json.dumps(body))
+    with pytest.raises(gen.GenerationError, match=message):
+        _rec(tree, Packages())

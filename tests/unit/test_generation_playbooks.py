@@ -122,3 +122,33 @@ def test_rollback_needs_a_valid_generation(node: dict[str, Path]) -> None:
 def test_drift_before_any_generation_is_an_error(node: dict[str, Path]) -> None:
     out = _play(node, "drift.yml")
     assert out.returncode != 0 and "no current generation" in out.stdout
+
+
+def test_secrets_are_never_in_the_store(node: dict[str, Path]) -> None:
+    """Issue 10: secrets are recorded by hash only; older copies go; a rollback keeps the secret."""
+    key = node["etc"] / "munge.key"
+    key.write_bytes(b"\x07" * 32)
+    key.chmod(0o400)
+    plain = {"role": "munge", "files": [str(key)], "packages": []}
+    (node["managed"] / "munge.json").write_text(json.dumps(plain))
+    assert _play(node, "generation.yml").returncode == 0  # before the marking: generation 1 copies the key
+    copy = node["gens"] / "1" / "files" / str(key).lstrip("/")
+    assert copy.read_bytes() == key.read_bytes()
+
+    (node["managed"] / "munge.json").write_text(json.dumps({**plain, "secrets": [str(key)]}))
+    out = _play(node, "generation.yml")
+    assert out.returncode == 0 and "node1: generation 1 unchanged" in out.stdout, out.stdout
+    assert f"removed the stored copies of {key} from generation(s) 1" in out.stdout, out.stdout
+    assert not copy.exists()
+    assert not [p for p in node["gens"].rglob("*") if p.is_file() and b"\x07" * 32 in p.read_bytes()]
+
+    key.chmod(0o600)
+    key.write_bytes(b"\x08" * 32)
+    out = _play(node, "drift.yml")
+    assert out.returncode != 0 and f"- munge: file {key} (secret): expected sha256" in out.stdout, out.stdout
+
+    out = _play(node, "rollback.yml", "-e", "generation=1")
+    assert out.returncode == 0, out.stdout
+    assert f"node1: kept the current {key}: secrets are" in out.stdout, out.stdout
+    assert key.read_bytes() == b"\x08" * 32
+    assert "node1: generation 2 recorded (rollback of 1)" in out.stdout, out.stdout
