@@ -263,4 +263,5 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
                         f"{m.group(1)}.{m.group(2)}, which needs it",
                     )
                 )
+                break  # one error per driver (the NCCL artifacts share a version: checked above)
     return e

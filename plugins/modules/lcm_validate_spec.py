@@ -9,7 +9,11 @@ short_description: Validate the lcm-infra cluster spec, inventory groups, lock f
 description:
   - Runs on the controller (action plugin). Checks the C(cluster) mapping against lcm_runner/spec/schema.yml
     and the cross-field rules, the inventory groups (controller exactly 1, compute at least 1, exclusive
-    groups, partitions' groups), the C(lcm_lock) structure and the mirror variables.
+    groups, partitions' groups, topology nodes), the C(lcm_lock) structure, the lock entries every enabled
+    layer installs and the version pairs that must agree (lcm_runner/spec/lock_rules.py), and the mirror
+    variables.
+  - On success returns C(cluster), the spec with the schema's defaults filled in (playbooks/validate.yml
+    sets it as every host's C(cluster) fact).
   - Fails with one line per error naming the field, the value found and what is expected.
 options:
   spec:
@@ -21,6 +25,12 @@ options:
     type: dict
   lock:
     description: The C(lcm_lock) mapping from versions.lock.yml.
+    type: dict
+  settings:
+    description:
+      - Role settings the lock's needs depend on (e.g. C(nvidia_driver_source), C(rdma_stack),
+        C(enroot_caps), C(nccl_install_method)); default the ones the play's variables define, the rest
+        are the roles' defaults.
     type: dict
   mirror:
     description: C(lcm_mirror), null, a directory or an http(s) URL.
@@ -49,4 +59,8 @@ errors:
   description: One string per error.
   type: list
   returned: always
+cluster:
+  description: The validated spec with the schema's defaults filled in.
+  type: dict
+  returned: success
 """

@@ -276,3 +276,26 @@ def test_limit_without_localhost_still_validates(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert 'cluster.slurm.task_plugin = \\"task/bogus\\": expected one of' in out.stdout, out.stdout[-3000:]
     assert "SEEN" not in out.stdout
+
+
+def _not_mine_restated() -> list[str]:
+    """Spec defaults restated in the playbooks and in role files outside defaults/preflight/templates."""
+    files = sorted(ROOT.glob("playbooks/*.yml")) + sorted(ROLES.glob("*/tasks/*.yml"))
+    files += sorted(ROLES.glob("*/vars/main.yml")) + sorted(ROLES.glob("*/handlers/*.yml"))
+    out = []
+    for f in files:
+        if f.name == "validate.yml" and f.parent.name == "playbooks":
+            continue
+        for m in _RESTATED.finditer(f.read_text()):
+            out.append(f"{f.relative_to(ROOT)}: cluster{m.group(1)} | default({m.group(2).strip()})")
+    return out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: playbooks/<layer>.yml (layers.* | default), roles/rdma/tasks/verify.yml, "
+    "roles/nccl/vars/main.yml and roles/nvidia_driver/vars/main.yml still restate spec defaults "
+    "(files outside the spec helper's share); drop this marker when they read the validated cluster",
+)
+def test_no_playbook_or_role_task_restates_a_spec_default() -> None:
+    assert _not_mine_restated() == [], "\n".join(_not_mine_restated())
