@@ -83,7 +83,7 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"agent: {cfg.agent!r} is not one of {', '.join(AGENTS)}")
     if cfg.hb_timeout_s <= 0:
         p.append(f"hb_timeout_s: must be positive, got {cfg.hb_timeout_s}")
-    for key in ("nodes", "procs_per_node", "train_iters", "save_interval", "keep_last"):
+    for key in ("nodes", "procs_per_node", "save_interval", "keep_last"):  # train_iters: the trainer rules
         if getattr(cfg, key) < 1:
             p.append(f"{key}: must be at least 1, got {getattr(cfg, key)}")
     if cfg.gpus_per_node < 0:
