@@ -166,7 +166,12 @@ def shape_problems(s: Shape, n: Names | None = None, world_size: int | None = No
         if s.ffn_hidden_size:
             bad("ffn_hidden_size", ffn, f"a multiple of {tp_ref}")
         else:
-            bad("hidden_size", s.hidden_size, f"4 x it (the default FFN width) a multiple of {tp_ref}")
+            bad(
+                "hidden_size",
+                s.hidden_size,
+                f"a value whose default FFN width (4 x it = {ffn}) is a multiple of {tp_ref}, or "
+                f"{n('ffn_hidden_size')} set",
+            )
     if s.vocab_size % tp:
         bad("vocab_size", s.vocab_size, f"a multiple of {n.ref('tensor_model_parallel_size', tp)}")
     moe = s.num_experts is not None

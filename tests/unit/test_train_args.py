@@ -70,6 +70,10 @@ def test_valid_minimal_parses_with_megatron_names() -> None:
             ["--sequence-parallel"],
             "--sequence-parallel: expected --tensor-model-parallel-size (1) > 1 (megatron refuses it)",
         ),
+        (
+            ["--expert-tensor-parallel-size", "4", "--ffn-hidden-size", "130"],
+            "--ffn-hidden-size 130: expected a multiple of --expert-tensor-parallel-size (4)",
+        ),
         (["--seed", "-1"], "--seed -1: expected in 0..9223372036854775807"),
         (
             ["--device", "cpu", "--use-flash-attn"],
