@@ -152,3 +152,44 @@ def test_secrets_are_never_in_the_store(node: dict[str, Path]) -> None:
     assert f"node1: kept the current {key}: secrets are" in out.stdout, out.stdout
     assert key.read_bytes() == b"\x08" * 32
     assert "node1: generation 2 recorded (rollback of 1)" in out.stdout, out.stdout
+
+
+def test_manifest_entry_point_writes_what_the_module_reads(tmp_path: Path) -> None:
+    """_generation's manifest entry point (every role calls it): lcm_managed_dir, canonical bytes, checks."""
+    import ansible.module_utils
+    from _role_run import run_role
+
+    if str(ROOT / "plugins/module_utils") not in ansible.module_utils.__path__:
+        ansible.module_utils.__path__.append(str(ROOT / "plugins/module_utils"))
+    from ansible.module_utils.lcm_generation_store import manifest_text, parse_manifest
+
+    managed = tmp_path / "managed.d"
+    args = {
+        "lcm_managed_dir": str(managed),
+        "_generation_manifest_role": "munge",
+        "_generation_manifest_files": ["/etc/munge/lcm-key-serial", "/etc/munge/lcm-key-serial"],
+        "_generation_manifest_secrets": ["/etc/munge/munge.key"],
+        "_generation_manifest_packages": ["munge", "libmunge2"],
+        "_generation_manifest_services": ["munge.service"],
+    }
+    first = run_role("_generation", tmp_path, args, tasks_from="manifest")
+    assert first.rc == 0, first.failed_msgs or first.stderr
+    body = (managed / "munge.json").read_bytes()
+    assert body == manifest_text(
+        "munge",
+        ["/etc/munge/lcm-key-serial"],
+        ["libmunge2", "munge"],
+        ["munge.service"],
+        ["/etc/munge/munge.key"],
+    )
+    assert parse_manifest(managed / "munge.json")["secrets"] == ["/etc/munge/munge.key"]
+    assert run_role("_generation", tmp_path, args, tasks_from="manifest").changed == 0
+
+    bad = run_role(
+        "_generation", tmp_path, args | {"_generation_manifest_secrets": ["munge.key"]}, "manifest"
+    )
+    assert bad.rc != 0 and any("absolute paths" in m and "munge.key" in m for m in bad.failed_msgs), (
+        bad.stdout
+    )
+    missing = run_role("_generation", tmp_path, {"lcm_managed_dir": str(managed)}, tasks_from="manifest")
+    assert missing.rc != 0 and any("_generation_manifest_role" in m for m in missing.failed_msgs)
