@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,15 @@ def _unavailable(why: str) -> None:
     pytest.skip(why)
 
 
+@dataclass(frozen=True)
+class LabRun:
+    dir: Path
+    returncode: int
+    out: str
+
+
 @pytest.fixture(scope="module")
-def lab_run() -> Path:
+def lab_run_result() -> LabRun:
     if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
         _unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
     if _exec("sinfo", "-h").returncode != 0:
@@ -75,7 +83,12 @@ def lab_run() -> Path:
     assert line, f"no run dir printed (exit {p.returncode}): {p.stderr[-2000:]}"
     run_dir = SHARED_HOST / Path(line.split(": ", 1)[1]).relative_to("/shared")
     assert run_dir.is_dir()
-    return run_dir
+    return LabRun(run_dir, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
+
+
+@pytest.fixture(scope="module")
+def lab_run(lab_run_result: LabRun) -> Path:
+    return lab_run_result.dir
 
 
 def _stage(run_dir: Path, name: str) -> dict:
@@ -110,3 +123,22 @@ def test_fault_recovery_on_slurm(lab_run: Path) -> None:
 
 def test_nccl_profile_is_skipped_on_cpu(lab_run: Path) -> None:
     assert _stage(lab_run, "nccl_profile")["verdict"] == "SKIP"
+
+
+# The verdict each stage must reach on the lab (CPU nodes: no NCCL, so its profile is skipped).
+EXPECTED = {"baseline": "PASS", "resume": "PASS", "fault": "PASS", "nccl_profile": "SKIP"}
+
+
+def test_every_stage_and_the_slo_report_pass_and_the_exit_status_is_0(lab_run_result: LabRun) -> None:
+    """`lcm-runner all` exits 0 only when no stage FAILed; the report's own verdict is PASS and it
+    names every stage with the verdict the stage recorded (a run whose report says FAIL fails here)."""
+    run = lab_run_result
+    got = {name: _stage(run.dir, name)["verdict"] for name in EXPECTED}
+    assert got == EXPECTED, run.out
+    assert run.returncode == 0, run.out
+    slo = json.loads((run.dir / "slo.json").read_text())
+    assert slo["verdict"] == "PASS", (slo["problems"], [r for r in slo["rows"] if r["status"] == "FAIL"])
+    assert not [r for r in slo["rows"] if r["status"] == "FAIL"]
+    assert {k: v["verdict"] for k, v in slo["stages"].items()} == EXPECTED
+    report = (run.dir / "infra_slo.md").read_text()
+    assert "PASS" in report and "FAIL" not in report
