@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 
 from lcm_runner.launch.base import JobSpec
+from lcm_runner.launch.procs import TRAINER_MODULE
 
 
 def agent_argv(
@@ -75,7 +76,7 @@ def agent_argv(
         "--monitor-interval",
         "0.1",
         "-m",
-        "lcm_runner.train",
+        TRAINER_MODULE,
         *spec.train_args,
     ]
 

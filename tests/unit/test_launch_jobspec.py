@@ -20,6 +20,7 @@ import yaml
 from lcm_runner import config, contracts, render
 from lcm_runner.contracts import AgentExit, ExitCode
 from lcm_runner.launch import agent as agent_mod
+from lcm_runner.launch import procs
 from lcm_runner.launch.base import JobSpec
 from lcm_runner.launch.jobspec import job_spec
 from lcm_runner.launch.slurm import SlurmLauncher
@@ -64,6 +65,7 @@ def test_each_launch_default_is_one_object() -> None:
         contracts.DEFAULT_HB_INTERVAL_S: [_default(agent_mod.AgentConfig, "hb_interval_s")],
         contracts.DEFAULT_MASTER_PORT: [_default(JobSpec, "master_port")],
         contracts.DEFAULT_TIME_LIMIT: [_default(JobSpec, "time_limit")],
+        procs.TRAINER_MODULE: [_default(agent_mod.AgentConfig, "module"), parser.get_default("module")],
     }
     for value, uses in where.items():
         for use in uses:

@@ -9,6 +9,7 @@ from pathlib import Path
 from lcm_runner.contracts import DEFAULT_HB_TIMEOUT_S, DEFAULT_JOIN_TIMEOUT_S, DEFAULT_MAX_RESTARTS, AgentExit
 from lcm_runner.launch.agent.config import AgentConfig, parse_node_devices
 from lcm_runner.launch.agent.core import Agent
+from lcm_runner.launch.procs import TRAINER_MODULE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_HB_TIMEOUT_S,
         help="seconds without a peer heartbeat = lost",
     )
-    ap.add_argument("--module", default="lcm_runner.train")
+    ap.add_argument("--module", default=TRAINER_MODULE)
     ap.add_argument("--preload", default="", help="comma-separated modules (default: torch + trainer pkg)")
     ap.add_argument("--events", type=Path, default=None, help="JSON-lines event file")
     ap.add_argument("--log-dir", type=Path, default=None, help="rank<R>.log per rank (default: inherit)")

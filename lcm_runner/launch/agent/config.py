@@ -11,6 +11,7 @@ from lcm_runner.contracts import (
     DEFAULT_JOIN_TIMEOUT_S,
     DEFAULT_MAX_RESTARTS,
 )
+from lcm_runner.launch.procs import TRAINER_MODULE
 
 
 @dataclass
@@ -26,7 +27,7 @@ class AgentConfig:
     hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S
     poll_s: float = 0.02  # waitpid cadence
     store_poll_s: float = 0.05  # cadence of the store check for other nodes' failures
-    module: str = "lcm_runner.train"
+    module: str = TRAINER_MODULE  # run as `python -m <module>` in each rank
     preload: list[str] = field(default_factory=list)
     events: Path | None = None
     log_dir: Path | None = None
