@@ -184,6 +184,9 @@ def test_fill_defaults_fills_every_schema_default() -> None:
     assert filled["layers"]["base"] is True
     assert spec["slurm"].get("task_plugin") is None, "the input is not modified"
     assert fill_defaults(filled) == filled, "idempotent"
+    # The filled-in spec is itself valid (roles/lcm_runner writes it to the nodes as cluster.yml).
+    assert validate(filled, GROUPS) == []
+    assert validate(fill_defaults(copy.deepcopy(LAB)), GROUPS) == []
 
 
 def test_fill_defaults_keeps_given_values_and_fills_nfs_for_type_nfs() -> None:
