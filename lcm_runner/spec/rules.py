@@ -9,7 +9,7 @@ from typing import Any
 from .errors import SpecError
 from .hostlist import EXPECTED as HOSTLIST_EXPECTED
 from .hostlist import HostlistError, expand
-from .safe import host_problem, path_inside, path_problem
+from .safe import host_problem, path_inside, path_problem, system_path_problem
 from .schema import fill_defaults
 
 NODE_GROUPS = ("controller", "compute", "login", "monitoring")
@@ -149,7 +149,7 @@ def _topology(topology: list[Mapping[str, Any]]) -> list[SpecError]:
 
 
 def _storage_paths(storage: Mapping[str, Any]) -> list[SpecError]:
-    """checkpoint_dir inside mountpoint, local_scratch outside it, none of them `/`.
+    """checkpoint_dir inside mountpoint, local_scratch outside it, none of them `/` or a system directory.
 
     Paths are compared only once they are known to be normalised (safe.path_inside refuses `..`, `.` and
     `//`), so "/shared/../etc" can never count as inside /shared.
@@ -177,6 +177,8 @@ def _storage_paths(storage: Mapping[str, Any]) -> list[SpecError]:
     ):
         if value == "/":
             e.append(SpecError(f"cluster.storage.{field}", value, "a directory other than / (the root)"))
+        elif isinstance(value, str) and (why := system_path_problem(value)):
+            e.append(SpecError(f"cluster.storage.{field}", value, why))
     return e
 
 

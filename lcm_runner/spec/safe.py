@@ -112,3 +112,23 @@ def host_problem(name: object) -> str | None:
     if edge and not name.startswith("-"):
         why.append(f"a label may not start or end with '-' ({edge[0]!r})")
     return f"{HOST_EXPECTED}: {'; '.join(why) or 'not a host name'}"
+
+
+# The node's own directories: a shared mount on one of them, or node-local scratch or an NFS export in or
+# below the first group, replaces or mixes with the system's files.
+SYSTEM_DIRS = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr",
+)  # fmt: skip
+SYSTEM_MOUNTS = ("/opt", "/root", "/run", "/tmp", "/var", "/var/cache", "/var/lib", "/var/log", "/var/tmp")
+
+
+def system_path_problem(path: str) -> str | None:
+    """None unless path is a system directory (SYSTEM_MOUNTS) or in or below one of SYSTEM_DIRS."""
+    inside = next((d for d in SYSTEM_DIRS if path_inside(path, d)), None)
+    if inside or path in SYSTEM_MOUNTS:
+        where = f"inside {inside}" if inside and inside != path else "a system directory"
+        return (
+            f"a directory of its own, not {where} (the node's system files would be hidden or mixed in); "
+            f"not in {', '.join(SYSTEM_DIRS)} and not one of {', '.join(SYSTEM_MOUNTS)}"
+        )
+    return None
