@@ -52,3 +52,13 @@ def test_nfs_export_of_a_system_directory_refused() -> None:
 def test_ordinary_directories_accepted(path: str) -> None:
     assert _msgs(mountpoint=path, checkpoint_dir=f"{path}/ckpt") == []
     assert _msgs(local_scratch=f"{path}-local") == []
+
+
+def test_schema_rule_text_names_every_system_directory() -> None:
+    """docs/spec.md (from schema.yml's x-rules) lists the same directories safe.py refuses."""
+    from lcm_runner.spec import load_schema
+    from lcm_runner.spec.safe import SYSTEM_DIRS, SYSTEM_MOUNTS
+
+    rule = next(r for r in load_schema()["x-rules"] if "the node's own directories" in r)
+    for d in SYSTEM_DIRS + SYSTEM_MOUNTS:
+        assert f"{d}," in rule or f"{d} " in rule, d
