@@ -2,8 +2,8 @@
 
 Secrets (a manifest's `secrets`, e.g. /etc/munge/munge.key): a generation records their sha256/mode/owner
 only, never a copy, so drift still sees a change; a restore leaves the current secret in place and says so
-(secrets_kept). A path marked secret in any manifest is a secret everywhere: each record also takes out any
-copy an older generation (before the marking) kept, and marks it secret in that generation's record.
+(kept_secret_paths). A path marked secret in any manifest is a secret everywhere: each record also takes
+out any copy an older generation (before the marking) kept, and marks it secret in that generation's record.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def record(
 ) -> tuple[bool, int | None, dict[str, Any]]:
     """(changed, generation number, record). No new generation when nothing differs from current.
 
-    The returned record also says (not stored) `recorded` (a new generation) and `secrets_purged`
+    The returned record also says (not stored) `recorded` (a new generation) and `purged_secret_paths`
     ({generation: [paths]} whose stored copies were removed); changed is true for either."""
     if rollback_of is not None:
         src = load_generation(gen_dir, rollback_of)
@@ -118,7 +118,7 @@ def record(
         if state_key(prev["lock_sha256"], prev["spec_sha256"], prev["roles"]) == state_key(
             lock_sha256, spec_sha256, roles
         ):
-            return bool(purged), cur, {**prev, "secrets_purged": purged, "recorded": False}
+            return bool(purged), cur, {**prev, "purged_secret_paths": purged, "recorded": False}
     n = (max(generations(gen_dir), default=0)) + 1
     rec = {
         "generation": n,
@@ -131,7 +131,7 @@ def record(
         "roles": roles,
     }
     if check:
-        return True, n, {**rec, "secrets_purged": purged, "recorded": True}
+        return True, n, {**rec, "purged_secret_paths": purged, "recorded": True}
     gen_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(gen_dir, 0o700)  # copies of managed files (secrets are never copied)
     for r in roles.values():
@@ -146,7 +146,7 @@ def record(
                 raise GenerationError(f"{path} changed while being recorded; run again")
     write_generation(gen_dir, rec)
     point_current(gen_dir, n)
-    return True, n, {**rec, "secrets_purged": purged, "recorded": True}
+    return True, n, {**rec, "purged_secret_paths": purged, "recorded": True}
 
 
 def drift(
@@ -177,7 +177,7 @@ def drift(
             ws, hs = w["files"].get(path), h["files"].get(path)
             if ws != hs:
                 d = {"kind": "file", "role": role, "path": path, "expected": ws, "actual": hs}
-                out.append({**d, "secret": True} if path in secrets else d)
+                out.append({**d, "hash_only": True} if path in secrets else d)
         for pkg in sorted(set(w["packages"]) | set(h["packages"])):
             wv, hv = w["packages"].get(pkg), h["packages"].get(pkg)
             if wv != hv:
@@ -199,7 +199,7 @@ def restore(
     """Put back generation n's files and manifests; return packages to install and services to restart.
 
     A secret is never written: when its content differs from generation n it stays as it is and is listed
-    in secrets_kept; when only its mode/owner differ, those are put back."""
+    in kept_secret_paths; when only its mode/owner differ, those are put back."""
     rec = load_generation(gen_dir, n)
     now_secrets = _current_secrets(managed_dir)
     restored: list[str] = []
@@ -261,7 +261,7 @@ def restore(
         "restored_files": restored,
         "removed_files": removed,
         "removed_manifests": extra,
-        "secrets_kept": kept,
+        "kept_secret_paths": kept,
         "packages": packages,
         "services": services,
     }

@@ -61,7 +61,8 @@ description:
     versions differ and the services to restart (the playbook installs and restarts them).
   - A file a manifest lists in C(secrets) is never copied into the store (only its sha256, mode and
     owner are recorded): drift still reports a change, restore leaves the current secret in place and lists
-    it in C(secrets_kept). C(record) also removes copies older generations kept of files now marked secret.
+    it in C(kept_secret_paths). C(record) also removes copies older generations kept of files now marked
+    secret.
 options:
   state:
     description: What to do.
@@ -123,11 +124,11 @@ recorded:
   description: Whether a new generation was (check mode - would be) recorded (state=record).
   type: bool
   returned: when state=record
-secrets_kept:
+kept_secret_paths:
   description: Secrets whose content differs from the generation, left as they are (state=restore).
   type: list
   returned: always
-secrets_purged:
+purged_secret_paths:
   description: "Generation -> secrets whose stored copy was removed (state=record; check mode: would be)."
   type: dict
   returned: always
@@ -169,8 +170,8 @@ def main() -> None:
                 generation=n,
                 rollback_of=rec.get("rollback_of"),
                 recorded=rec["recorded"],
-                secrets_purged={str(k): v for k, v in rec["secrets_purged"].items()},
-                secrets_kept=[],
+                purged_secret_paths={str(k): v for k, v in rec["purged_secret_paths"].items()},
+                kept_secret_paths=[],
                 drift=[],
                 packages={},
                 services=[],
@@ -183,12 +184,12 @@ def main() -> None:
                 drift=diffs,
                 packages={},
                 services=[],
-                secrets_kept=[],
-                secrets_purged={},
+                kept_secret_paths=[],
+                purged_secret_paths={},
             )
         else:
             res = restore(gen_dir, managed_dir, p["generation"], check=module.check_mode)
-            module.exit_json(drift=[], secrets_purged={}, **res)
+            module.exit_json(drift=[], purged_secret_paths={}, **res)
     except GenerationError as exc:
         module.fail_json(
             msg=str(exc),
@@ -196,8 +197,8 @@ def main() -> None:
             drift=[],
             packages={},
             services=[],
-            secrets_kept=[],
-            secrets_purged={},
+            kept_secret_paths=[],
+            purged_secret_paths={},
         )
 
 

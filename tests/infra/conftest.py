@@ -47,7 +47,9 @@ def cluster_spec(host: Any) -> dict[str, Any]:
     spec = host_vars(host).get("cluster")
     if not isinstance(spec, dict):
         pytest.fail(f"{host.backend.get_hostname()}: no `cluster` spec in the inventory variables")
-    return spec
+    from lcm_runner.spec.schema import fill_defaults  # what validate.yml hands the roles
+
+    return fill_defaults(spec)
 
 
 @functools.cache

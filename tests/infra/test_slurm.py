@@ -80,8 +80,8 @@ def test_configuration_from_spec(host: Any) -> None:
     spec = cluster_spec(host)
     conf = host.check_output("scontrol show config")
     want = {
-        "ProctrackType": spec["slurm"].get("proctrack_type", "proctrack/cgroup"),
-        "TaskPlugin": spec["slurm"].get("task_plugin", "task/cgroup"),
+        "ProctrackType": spec["slurm"]["proctrack_type"],  # the schema's defaults filled in
+        "TaskPlugin": spec["slurm"]["task_plugin"],
         "SelectType": "select/cons_tres",
         "ClusterName": spec["name"],
         "JobRequeue": "1",

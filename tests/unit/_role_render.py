@@ -14,6 +14,8 @@ import yaml
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
+from lcm_runner.spec import fill_defaults
+
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 
@@ -38,8 +40,16 @@ def role_vars(role: str) -> dict[str, Any]:
     return merged
 
 
+def validated(variables: dict[str, Any]) -> dict[str, Any]:
+    """`cluster` as playbooks/validate.yml hands it to the roles: the schema's defaults filled in."""
+    if isinstance(variables.get("cluster"), dict):
+        return {**variables, "cluster": fill_defaults(variables["cluster"])}
+    return variables
+
+
 def render(role: str, template: str, variables: dict[str, Any]) -> str:
     """Render roles/<role>/templates/<template> with the role's variables overridden by `variables`."""
+    variables = validated(variables)
     all_vars = {"ansible_managed": "managed by lcm-infra", **role_vars(role), **variables}
     templar = Templar(loader=DataLoader(), variables=all_vars)
     text = (ROLES / role / "templates" / template).read_text()
@@ -48,6 +58,7 @@ def render(role: str, template: str, variables: dict[str, Any]) -> str:
 
 def evaluate(role: str, expression: str, variables: dict[str, Any]) -> Any:
     """Evaluate a Jinja expression (e.g. a role variable) in the role's variable context."""
+    variables = validated(variables)
     all_vars = {**role_vars(role), **variables}
     templar = Templar(loader=DataLoader(), variables=all_vars)
     return templar.template(trust_as_template("{{ " + expression + " }}"))

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from lcm_runner.spec import fill_defaults
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -74,6 +76,8 @@ def run_role(
     play_file.write_text(yaml.safe_dump(play))
     vars_file = tmp_path / f"vars_{role}.json"
     base = {"ansible_python_interpreter": sys.executable, "lcm_lock": lock()}
+    if isinstance(extra_vars.get("cluster"), dict):  # as playbooks/validate.yml hands it to the roles
+        extra_vars = {**extra_vars, "cluster": fill_defaults(extra_vars["cluster"])}
     vars_file.write_text(json.dumps(base | extra_vars))
     cfg = tmp_path / "ansible.cfg"
     cfg.write_text(

@@ -283,7 +283,7 @@ def test_drift_sees_a_changed_secret(tree: dict[str, Path]) -> None:
     cur, diffs = gen.drift(tree["gens"], tree["managed"], Packages())
     assert cur == 1 and len(diffs) == 1
     d = diffs[0]
-    assert (d["kind"], d["path"], d["secret"]) == ("file", str(key), True)
+    assert (d["kind"], d["path"], d["hash_only"]) == ("file", str(key), True)
     assert d["actual"]["sha256"] == hashlib.sha256(b"\x02" * 32).hexdigest() != d["expected"]["sha256"]
 
 
@@ -297,7 +297,7 @@ def test_restore_keeps_the_current_secret_and_says_so(tree: dict[str, Path]) -> 
     conf.write_text("ClusterName=other\n")
     assert _rec(tree, pk)[1] == 2
     res = gen.restore(tree["gens"], tree["managed"], 1, pk)
-    assert res["secrets_kept"] == [str(key)]
+    assert res["kept_secret_paths"] == [str(key)]
     assert res["restored_files"] == [str(conf)]
     assert res["services"] == ["slurmd"]  # munge's files were not touched: munge is not restarted
     assert key.read_bytes() == b"\x02" * 32 and conf.read_text() == "ClusterName=lab\n"
@@ -308,7 +308,7 @@ def test_restore_keeps_the_current_secret_and_says_so(tree: dict[str, Path]) -> 
     # check mode says the same and writes nothing
     conf.write_text("edited\n")
     res = gen.restore(tree["gens"], tree["managed"], 1, pk, check=True)
-    assert res["secrets_kept"] == [str(key)] and conf.read_text() == "edited\n"
+    assert res["kept_secret_paths"] == [str(key)] and conf.read_text() == "edited\n"
 
 
 def test_restore_puts_back_a_secrets_mode_when_its_content_is_the_same(tree: dict[str, Path]) -> None:
@@ -316,7 +316,7 @@ def test_restore_puts_back_a_secrets_mode_when_its_content_is_the_same(tree: dic
     _rec(tree, Packages())
     os.chmod(key, 0o644)
     res = gen.restore(tree["gens"], tree["managed"], 1, Packages())
-    assert res["restored_files"] == [str(key)] and res["secrets_kept"] == []
+    assert res["restored_files"] == [str(key)] and res["kept_secret_paths"] == []
     assert res["services"] == ["munge.service"]
     assert oct(key.stat().st_mode & 0o777) == "0o400" and key.read_bytes() == KEY
 
@@ -330,10 +330,11 @@ def test_copies_older_generations_kept_are_purged_once_marked_secret(tree: dict[
     assert len(_leaks(tree, KEY)) == 2  # both generations copied it
     key = _mark_munge_secret(tree, services=())  # the same manifest as before, the key marked secret
     changed, n, rec = _rec(tree, pk, check=True)
-    assert (n, rec["secrets_purged"]) == (2, {1: [str(key)], 2: [str(key)]}) and len(_leaks(tree, KEY)) == 2
+    assert (n, rec["purged_secret_paths"]) == (2, {1: [str(key)], 2: [str(key)]})
+    assert len(_leaks(tree, KEY)) == 2
     changed, n, rec = _rec(tree, pk)
     # nothing else differs: no new generation, but the copies are gone and the records say secret
-    assert (changed, n, rec["secrets_purged"]) == (True, 2, {1: [str(key)], 2: [str(key)]})
+    assert (changed, n, rec["purged_secret_paths"]) == (True, 2, {1: [str(key)], 2: [str(key)]})
     assert _leaks(tree, KEY) == [] and gen.generations(tree["gens"]) == [1, 2]
     for g in (1, 2):
         assert gen.load_generation(tree["gens"], g)["roles"]["munge"]["secrets"] == [str(key)]
@@ -343,7 +344,7 @@ def test_copies_older_generations_kept_are_purged_once_marked_secret(tree: dict[
     key.chmod(0o600)
     key.write_bytes(b"\x03" * 32)
     res = gen.restore(tree["gens"], tree["managed"], 1, pk)
-    assert res["secrets_kept"] == [str(key)] and key.read_bytes() == b"\x03" * 32
+    assert res["kept_secret_paths"] == [str(key)] and key.read_bytes() == b"\x03" * 32
 
 
 def test_restore_does_not_write_a_secret_the_manifests_mark_now(tree: dict[str, Path]) -> None:
@@ -354,7 +355,7 @@ def test_restore_does_not_write_a_secret_the_manifests_mark_now(tree: dict[str, 
     key.chmod(0o600)
     key.write_bytes(b"\x04" * 32)
     res = gen.restore(tree["gens"], tree["managed"], 1, pk)
-    assert res["secrets_kept"] == [str(key)] and key.read_bytes() == b"\x04" * 32
+    assert res["kept_secret_paths"] == [str(key)] and key.read_bytes() == b"\x04" * 32
 
 
 @pytest.mark.parametrize(

@@ -168,7 +168,7 @@ def test_manifest_entry_point_writes_what_the_module_reads(tmp_path: Path) -> No
         "lcm_managed_dir": str(managed),
         "_generation_manifest_role": "munge",
         "_generation_manifest_files": ["/etc/munge/lcm-key-serial", "/etc/munge/lcm-key-serial"],
-        "_generation_manifest_secrets": ["/etc/munge/munge.key"],
+        "_generation_manifest_secret_paths": ["/etc/munge/munge.key"],
         "_generation_manifest_packages": ["munge", "libmunge2"],
         "_generation_manifest_services": ["munge.service"],
     }
@@ -186,7 +186,7 @@ def test_manifest_entry_point_writes_what_the_module_reads(tmp_path: Path) -> No
     assert run_role("_generation", tmp_path, args, tasks_from="manifest").changed == 0
 
     bad = run_role(
-        "_generation", tmp_path, args | {"_generation_manifest_secrets": ["munge.key"]}, "manifest"
+        "_generation", tmp_path, args | {"_generation_manifest_secret_paths": ["munge.key"]}, "manifest"
     )
     assert bad.rc != 0 and any("absolute paths" in m and "munge.key" in m for m in bad.failed_msgs), (
         bad.stdout

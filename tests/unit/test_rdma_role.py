@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import yaml
 from _role_run import IB_FABRIC, REPO, run_role, spec
+
+from lcm_runner.spec import validate
 
 _spec = importlib.util.spec_from_file_location(
     "rdma_checks", REPO / "roles/rdma/filter_plugins/rdma_checks.py"
@@ -98,7 +101,17 @@ def test_preflight_fails_without_adapters_on_this_machine(tmp_path):
     assert "localhost has 0 Mellanox/NVIDIA network PCI functions" in msg
 
 
-def test_preflight_refuses_an_ethernet_fabric(tmp_path):
-    run = run_role("rdma", tmp_path, {"cluster": spec()}, tags="rdma_preflight")
-    assert run.rc != 0
-    assert "the rdma layer needs an infiniband or roce fabric" in " ".join(run.failed_msgs)
+def test_an_ethernet_fabric_with_the_rdma_layer_is_refused_by_validation():
+    """The spec mistake is validation's (before any host is contacted); the preflight checks the host."""
+    cluster = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
+    cluster["layers"]["rdma"] = True
+    cluster["fabric"]["type"] = "ethernet"
+    groups = {
+        "controller": ["ctl"],
+        "compute": ["node1"],
+        "cluster": ["ctl", "node1"],
+        "all": ["ctl", "node1"],
+    }
+    assert [str(e) for e in validate(cluster, groups)] == [
+        "cluster.layers.rdma = true: expected false for fabric type ethernet"
+    ]

@@ -42,6 +42,8 @@ TASK_KEYWORDS = {
 }  # fmt: skip
 _JINJA = re.compile(r"{{(.*?)}}|{%(.*?)%}", re.S)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# a quoted literal of prose (a space, a bracket...) names no variable; `['_munge_key']` still does
+_LITERAL = re.compile(r"'(?=[^']*[^\w'])[^']*'|\"(?=[^\"]*[^\w\"])[^\"]*\"")
 
 
 # ----------------------------------------------------------------------------- the task checker
@@ -64,12 +66,14 @@ def jinja_names(obj: Any) -> set[str]:
     names: set[str] = set()
     for s in _strings(obj):
         for m in _JINJA.finditer(s):
-            names.update(_NAME.findall(m.group(1) or m.group(2) or ""))
+            expr = _LITERAL.sub("''", m.group(1) or m.group(2) or "")
+            names.update(_NAME.findall(expr))
     return names
 
 
 def secret_vars(obj: Any) -> list[str]:
-    return sorted(n for n in jinja_names(obj) if SECRET_VAR.search(n))
+    """Names like a secret, except those that say they hold where secrets live (`*_path`, `*_paths`)."""
+    return sorted(n for n in jinja_names(obj) if SECRET_VAR.search(n) and not n.endswith(("_path", "_paths")))
 
 
 def _expand_items(obj: Any, loop: Any) -> list[str]:

@@ -79,7 +79,7 @@ def test_lab_spec_renders_lab_overrides() -> None:
 def test_production_defaults_and_gpu_nodes() -> None:
     conf = _conf(render("slurm", "slurm.conf.j2", _vars(_h200())))
     assert conf["proctracktype"] == ["ProctrackType=proctrack/cgroup"]
-    assert conf["taskplugin"] == ["TaskPlugin=task/cgroup"]
+    assert conf["taskplugin"] == ["TaskPlugin=task/affinity,task/cgroup"]  # the schema's default
     assert conf["grestypes"] == ["GresTypes=gpu"]
     assert conf["nodename"] == [
         f"NodeName={h} CPUs=224 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 RealMemory={2_000_000 - 2048} "
