@@ -1,4 +1,4 @@
-"""Control-plane faults on the lab's real Slurm (issue 10, item 5): slurmctld restarted mid-job, and a
+"""Control-plane faults on the lab's real Slurm: slurmctld restarted mid-job, and a
 compute node's slurmd SIGKILLed and started again mid-job. Training must go on (or requeue from the last
 checkpoint); no step may be lost beyond the last checkpoint.
 

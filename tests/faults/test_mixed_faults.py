@@ -1,4 +1,4 @@
-"""Ten faults of mixed kinds in one run (issue 10, item 10) on the local launcher with the lcm agent:
+"""Ten faults of mixed kinds in one run on the local launcher with the lcm agent:
 two "nodes" of one rank each (EP=2 MoE over gloo) and a spare label.
 
 - rank: the trainer of one node SIGKILLed; the agents restart the ranks in place (same job);

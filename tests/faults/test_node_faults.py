@@ -1,4 +1,4 @@
-"""Node faults on the lab's real Slurm (issue 10, items 3 and 4): a compute node's container killed
+"""Node faults on the lab's real Slurm: a compute node's container killed
 outright mid-run, and a compute node cut off its network for PARTITION_S seconds.
 
 Run from the host with the lab up with three compute nodes (a spare for the requeued job):

@@ -1,4 +1,4 @@
-"""Provisioning faults on the lab (issue 10, item 9): a compute node cut off mid-converge, and
+"""Provisioning faults on the lab: a compute node cut off mid-converge, and
 `ansible-playbook site.yml` killed half way. The converge must finish for the other nodes, keep the
 cluster-wide files right, name the failed host; the next run must complete with no manual repair.
 

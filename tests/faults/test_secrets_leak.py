@@ -1,4 +1,4 @@
-"""The munge key never leaks (issue 10, security): not into the repository or the controller's caches,
+"""The munge key never leaks: not into the repository or the controller's caches,
 not into Ansible's output (a converge of the munge + Slurm layer at -vvv), not into any node's logs.
 
 Every form an accident would produce is looked for: the raw bytes (a 32-byte run of them), base64 (the
@@ -8,9 +8,9 @@ whole key and a 64-character aligned prefix), hex (the first 32 bytes). The key'
 Runs with the lab up (LCM_LAB=1 forces): pytest -m lab tests/faults/test_secrets_leak.py (part of
 scripts/faults, not of molecule verify).
 
-Open finding (2026-12-01): the key's bytes are found under /var/lib/lcm on every node: the generation
-store keeps copies of managed files for rollback, /etc/munge/munge.key among them. The node-log case is
-marked xfail(strict) until the generations stop copying secrets (a pass then fails the xfail: remove it).
+The generation store (/var/lib/lcm) is searched too: it keeps copies of managed files for rollback, but
+a manifest's secrets (the munge key) are recorded by sha256/mode/owner only, and a record removes any copy
+an older generation kept (roles/_generation, plugins/module_utils/lcm_generation_ops.py).
 """
 
 from __future__ import annotations

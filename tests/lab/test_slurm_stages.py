@@ -1,6 +1,6 @@
 """`lcm-runner all --launcher slurm` on the podman lab's controller (real Slurm, two CPU nodes, gloo).
 
-Run from the host: `pytest -m lab tests/lab` (the lead wires it into the molecule verify step). It needs
+Run from the host: `pytest -m lab tests/lab` (molecule verify runs it). It needs
 the lab up (`.lab/READY`), Slurm answering on lab-ctl and the runner installed there
 (playbooks/runner.yml: /opt/lcm/venv, /opt/lcm/cluster.yml). The run config is the repo's
 configs/lab.yml, copied into the lab's shared directory; the results are read back from it.

@@ -1,5 +1,5 @@
 """Every `lcm-runner` command the docs show is registered, and every subcommand works from the venv's
-bin/ without activating the venv (issue 11).
+bin/ without activating the venv.
 
 (a) the `lcm-runner <sub> [<subsub>] [--flags]` lines of README.md, docs/**/*.md, roles/**/*.yml,
     playbooks/*.yml, plugins/**/*.py, the report template and scripts/** (code blocks, inline code,

@@ -226,7 +226,7 @@ def test_dpkg_versions_reads_the_real_dpkg_database() -> None:
     assert got["dpkg"] and got["dpkg"][0].isdigit()
 
 
-# --- secrets (issue 10): recorded by sha256/mode/owner only, never copied into the store ---------------
+# --- secrets: recorded by sha256/mode/owner only, never copied into the store ---------------
 
 KEY = b"\x01" * 32
 
@@ -322,7 +322,7 @@ def test_restore_puts_back_a_secrets_mode_when_its_content_is_the_same(tree: dic
 
 
 def test_copies_older_generations_kept_are_purged_once_marked_secret(tree: dict[str, Path]) -> None:
-    """A store written before the marking holds the key: the next record takes it out (issue 10)."""
+    """A store written before the marking holds the key: the next record takes it out."""
     pk = Packages(slurmd="1", munge="1")
     _rec(tree, pk)  # the fixture's munge.json does not mark the key
     (tree["etc"] / "slurm.conf").write_text("ClusterName=lab2\n")

@@ -1,4 +1,4 @@
-"""One-way launch path and single sources of truth (issue 11).
+"""One-way launch path and single sources of truth.
 
 - the run config becomes a JobSpec once (lcm_runner.launch.jobspec.job_spec); the Slurm launcher renders
   its batch script from the JobSpec alone, identical to what the run config rendered before;
@@ -73,14 +73,13 @@ def test_each_launch_default_is_one_object() -> None:
 
 
 def test_run_config_defaults_agree_with_contracts() -> None:
-    # lcm_runner/config.py states its own literals (not this module's file to change); they must at
-    # least be the same values until it references lcm_runner.contracts too
+    # lcm_runner/config/types.py takes them from lcm_runner.contracts: the very same objects
     rc = config.RunConfig
-    assert _default(rc, "rdzv_join_timeout_s") == contracts.DEFAULT_JOIN_TIMEOUT_S
-    assert _default(rc, "hb_timeout_s") == contracts.DEFAULT_HB_TIMEOUT_S
-    assert _default(rc, "max_restarts") == contracts.DEFAULT_MAX_RESTARTS
-    assert _default(rc, "master_port") == contracts.DEFAULT_MASTER_PORT
-    assert _default(rc, "time_limit") == contracts.DEFAULT_TIME_LIMIT
+    assert _default(rc, "rdzv_join_timeout_s") is contracts.DEFAULT_JOIN_TIMEOUT_S
+    assert _default(rc, "hb_timeout_s") is contracts.DEFAULT_HB_TIMEOUT_S
+    assert _default(rc, "max_restarts") is contracts.DEFAULT_MAX_RESTARTS
+    assert _default(rc, "master_port") is contracts.DEFAULT_MASTER_PORT
+    assert _default(rc, "time_limit") is contracts.DEFAULT_TIME_LIMIT
 
 
 # ----------------------------------------------------------------------------- exit codes
