@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from lcm_runner.ckpt import catalog, integrity
-from lcm_runner.ckpt.catalog import complete_steps, read_latest, write_latest_atomically
+from lcm_runner.ckpt.catalog import CatalogError, complete_steps, read_latest, write_latest_atomically
 from lcm_runner.contracts import EVENT_CKPT_REJECTED, EVENT_RESUME, LATEST_FILE, iter_dir_name
 
 from .ckpt_errors import CheckpointError, NoGoodCheckpoint
@@ -50,8 +50,10 @@ class CheckpointLoader(CheckpointState):
         problem = ""
         try:
             latest = read_latest(d)
-        except CheckpointError as e:
+        except (CheckpointError, CatalogError) as e:  # a damaged tracker file: the newest that verifies
             latest, problem = None, str(e)
+            if self.rank == 0:
+                print(f"lcm-train: {e}: choosing the newest checkpoint that verifies", flush=True)
         complete = complete_steps(d)
         if latest is None and not complete:
             if self.rank == 0 and (incomplete := catalog.iter_steps(d)):

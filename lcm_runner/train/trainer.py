@@ -200,9 +200,14 @@ class Trainer:
 
     def run(self, handler: Any, attempt: int) -> ExitCode:
         a = self.args
+        from lcm_runner.ckpt.catalog import CatalogError
+
         from .checkpoint import read_latest
 
-        latest = read_latest(self.ckpt.load_dir) if self.ckpt.load_dir else None
+        try:
+            latest = read_latest(self.ckpt.load_dir) if self.ckpt.load_dir else None
+        except CatalogError:  # a damaged tracker file: the load below chooses and rewrites it
+            latest = None
         self.tel.emit(
             EVENT_START,
             world_size=dist.get_world_size(),

@@ -152,6 +152,44 @@ def test_other_damage_of_latest_is_caught_before_a_tensor_is_used(
     )
 
 
+@pytest.mark.parametrize("content", ["", "8\x00\x00garbage", "iter_0000008"])
+def test_damaged_latest_tracker_resumes_from_the_newest_that_verifies(
+    reference: Run,
+    first_half: Run,
+    tmp_path: Path,
+    content: str,
+    matrix: Matrix,
+    request: pytest.FixtureRequest,
+) -> None:
+    """latest_checkpointed_iteration.txt itself damaged (empty, binary junk, a directory name): no
+    traceback, no fresh start: the newest complete checkpoint that verifies, and the tracker rewritten."""
+    d = copy_run(first_half, tmp_path)
+    (d / "ckpt" / "latest_checkpointed_iteration.txt").write_text(content)
+    run = resume(d)
+    assert run.codes == [0, 0], run.log
+    out = (d / "rank0.log").read_text()
+    assert "expected a step number" in out and "choosing the newest checkpoint that verifies" in out
+    recs = load_run(d)
+    assert [r.step for r in of_event(recs, "resume", rank=0)] == [8]
+    ref = reference.losses()
+    assert losses(d) == {s: ref[s] for s in range(9, ITERS + 1)}, "the continuation differs"
+    assert catalog.read_latest(d / "ckpt") == ITERS
+    start = of_event(recs, "start", rank=0)[0].ts
+    matrix.record(
+        Row(
+            fault="damaged latest-checkpoint tracker file",
+            injected=f"latest_checkpointed_iteration.txt overwritten with {content!r}, then a resubmission",
+            detected_s=0.0,
+            recovered=True,
+            downtime_s=steps(recs, rank=0)[0].ts - start,
+            steps_lost=0,
+            good_ckpts_lost=0,
+            notes="resumed from iter_0000008 (the newest that verifies), tracker rewritten, bitwise",
+        ),
+        request,
+    )
+
+
 def test_no_checkpoint_verifies_stops_with_its_own_code(
     first_half: Run, tmp_path: Path, matrix: Matrix, request: pytest.FixtureRequest
 ) -> None:
