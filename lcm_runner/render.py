@@ -8,6 +8,9 @@ before any file is written.
 One-way: the run config becomes a JobSpec (lcm_runner.launch.jobspec.job_spec) and the batch script is
 rendered from that JobSpec alone (`sbatch_for`), the same function the Slurm launcher calls for the
 JobSpecs the stages build.
+
+Over ~300 lines: the sbatch and nccl_env.sh renderers share the cluster-fit checks and the template context;
+the JobSpec comes from launch/jobspec.py.
 """
 
 from __future__ import annotations

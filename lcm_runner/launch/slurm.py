@@ -6,6 +6,9 @@ The batch script is the one rendered from lcm_runner/templates/train.sbatch.j2 (
 one agent per node through srun; the script requeues the job itself when the agents exit
 REQUEUE (75, checkpointed after a signal) or NODE_LOST (76, a peer node vanished); the codes are
 lcm_runner.contracts.REQUEUE_REASONS. `submit` renders the script from the JobSpec alone.
+
+Over ~300 lines: one Launcher implementation (submit, follow, kill, node loss) over sbatch/scontrol/srun;
+srunout.py and nodefail.py hold the parts with their own concern.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ Used on a single GPU box (the H200 machine: no Slurm there) and in CI on CPU. A 
 session/process group so it can be killed alone, and, with GPUs, its own CUDA_VISIBLE_DEVICES slice.
 The rendezvous runs on 127.0.0.1. `spare_nodes` extra labels are kept for `relaunch` after a node loss
 (a replacement "node" that owns the lost node's GPUs).
+
+Over ~300 lines: the whole torchrun launcher (agents over ssh, follow, kill, node-loss relaunch) is one
+Launcher implementation; its node actions already live in procs.py.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Numbers come only from `stages/<stage>.json` (written by the stages from real telemetry). A stage that
 did not run, or a measurement it could not make (null/NaN), gives SKIP with the reason, never a number.
+
+Over ~300 lines: one row builder per SLO, each reading its stage's metrics; the table is read as a whole.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """What every stage shares: the context (config, launcher, run dir), the live follower of a job's
-telemetry, the progress printer and the stage result file (`stages/<stage>.json`)."""
+telemetry, the progress printer and the stage result file (`stages/<stage>.json`).
+
+Over ~300 lines: the StageContext and StageResult every stage shares, with the waiting helpers they all use;
+each stage is its own module.
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ the downtime (kill -> first new step) against a floor measured in the same run:
 
 Every case checks every node for leftover processes of the job, and compares the post-recovery losses
 with the uninterrupted baseline run's losses at the same steps.
+
+Over ~300 lines: the four fault cases (floor, trainer kill, stock torchrun reference, node loss) share one
+measurement procedure and are read together.
 """
 
 from __future__ import annotations
