@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+import yaml
 
 from . import docs
 from .errors import SpecInvalid
@@ -27,14 +30,35 @@ def _validate(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # ansible-inventory missing or failing: one line, no traceback
         print(f"lcm-runner spec validate: {exc}", file=sys.stderr)
         return 2
-    errors = validate(cluster, groups)
+    lock = None
+    lock_file = _lock_file(args)
+    if lock_file is not None:
+        try:
+            lock = (yaml.safe_load(lock_file.read_text()) or {}).get("lcm_lock")
+        except (OSError, yaml.YAMLError) as exc:
+            print(f"lcm-runner spec validate: {lock_file}: {exc}", file=sys.stderr)
+            return 2
+        if lock is None:
+            print(f"lcm-runner spec validate: {lock_file}: no lcm_lock mapping", file=sys.stderr)
+            return 2
+    errors = validate(cluster, groups, lock=lock)
     for e in errors:
         print(f"ERROR {e}", file=sys.stderr)
     if errors:
         print(f"{len(errors)} error(s) in {args.inventory}", file=sys.stderr)
         return 2
-    print(f"{args.inventory}: cluster spec {cluster['name']!r} valid")
+    checked = f" with the lock {lock_file}" if lock_file else " (no lock checked)"
+    print(f"{args.inventory}: cluster spec {cluster['name']!r} valid{checked}")
     return 0
+
+
+def _lock_file(args: argparse.Namespace) -> Path | None:
+    """--lock, else the inventory's group_vars/all/lock.yml (the roles' lcm_lock), else none."""
+    if args.lock:
+        return Path(args.lock)
+    inv = Path(args.inventory)
+    found = inv / "group_vars" / "all" / "lock.yml"
+    return found if inv.is_dir() and found.is_file() else None
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,6 +68,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     v.add_argument("inventory", nargs="?", help="inventory directory (or a cluster.yml with --no-inventory)")
     v.add_argument("-i", "--inventory", dest="inventory_opt", metavar="INVENTORY", help="same as INVENTORY")
     v.add_argument("--no-inventory", action="store_true", help="check the spec file only")
+    v.add_argument(
+        "--lock",
+        metavar="FILE",
+        help="the lock to check the spec against (default: <inventory>/group_vars/all/lock.yml when present)",
+    )
     v.set_defaults(func=_validate)
     d = sub.add_parser("docs", help="write docs/spec.md from the schema")
     d.add_argument("--out", default="docs/spec.md")

@@ -308,7 +308,22 @@ def test_module_fallback_without_activation(tmp_path: Path) -> None:
 def test_spec_validate_lab(form: tuple[str, ...]) -> None:
     r = run_cli("spec", "validate", *form)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "inventories/lab: cluster spec 'lab' valid"
+    lock = "inventories/lab/group_vars/all/lock.yml"
+    assert r.stdout.strip() == f"inventories/lab: cluster spec 'lab' valid with the lock {lock}"
+
+
+@needs_venv_cli
+def test_spec_validate_checks_the_lock_the_layers_need(tmp_path: Path) -> None:
+    """example-h200 turns the GPU layer on: a lock without the driver entry is refused, naming it."""
+    doc = yaml.safe_load((ROOT / "versions.lock.yml").read_text())
+    del doc["lcm_lock"]["artifacts"]["nvidia_driver"]
+    lock = tmp_path / "lock.yml"
+    lock.write_text(yaml.safe_dump(doc))
+    ok = run_cli("spec", "validate", "inventories/example-h200")
+    assert ok.returncode == 0, ok.stderr
+    r = run_cli("spec", "validate", "inventories/example-h200", "--lock", str(lock))
+    assert r.returncode == 2, r.stdout
+    assert "nvidia_driver" in r.stderr and "Traceback" not in r.stderr
 
 
 def _lab_copy(tmp_path: Path) -> Path:
