@@ -68,7 +68,7 @@ def run(args: TrainArgs) -> int:
 
         def _record(signum: int, frame: Any) -> None:
             orig(signum, frame)
-            tel.emit(EVENT_SIGNAL, name=signal.Signals(signum).name)
+            tel.emit_from_signal_handler(EVENT_SIGNAL, name=signal.Signals(signum).name)
 
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, _record)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -170,3 +173,54 @@ def test_exit_code_cli(tmp_path: Path) -> None:
         cwd=root,
     ).stdout
     assert out == ""
+
+
+class _Interrupting:
+    """A telemetry file whose write is interrupted by a real SIGUSR1 (delivered to this process, handled
+    between two bytecodes inside the write): records how deep writes nest."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self.depth, self.max_depth, self.armed = fh, 0, 0, 0
+
+    def write(self, text: str) -> int:
+        self.depth += 1
+        self.max_depth = max(self.max_depth, self.depth)
+        try:
+            if self.armed:
+                self.armed -= 1
+                os.kill(os.getpid(), signal.SIGUSR1)
+                for _ in range(1000):  # the handler runs here, while this write is under way
+                    pass
+            return int(self.fh.write(text))
+        finally:
+            self.depth -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fh, name)
+
+
+def test_a_signal_during_a_telemetry_write_is_recorded_after_it_not_inside_it(tmp_path: Path) -> None:
+    """A rank died with `RuntimeError: reentrant call inside <_io.BufferedWriter ...rank0.jsonl>`: its
+    SIGUSR1 handler wrote the signal record while the main thread was writing a step record."""
+    from lcm_runner.train.telemetry import TelemetryWriter
+
+    tel = TelemetryWriter(tmp_path, rank=0, attempt=0, job="1")
+    fh = _Interrupting(tel._fh)
+    tel._fh = fh  # type: ignore[assignment]
+    prev = signal.signal(signal.SIGUSR1, lambda s, f: tel.emit_from_signal_handler("signal", name="SIGUSR1"))
+    try:
+        fh.armed = 1
+        tel.emit("step", step=1)
+        tel.emit("step", step=2)
+        assert fh.max_depth == 1, "the handler wrote inside a write"
+        tel.emit_from_signal_handler("signal", name="SIGTERM")  # no write under way: written at once
+    finally:
+        signal.signal(signal.SIGUSR1, prev)
+        tel.close()
+    recs = [json.loads(ln) for ln in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    assert [(r["event"], r.get("step", r.get("name"))) for r in recs] == [
+        ("step", 1),
+        ("signal", "SIGUSR1"),
+        ("step", 2),
+        ("signal", "SIGTERM"),
+    ]
