@@ -77,35 +77,37 @@ def row_lab_node_loss(res: Results) -> Row:
     )
 
 
-def row_lab_node_kill(res: Results) -> Row:
-    rows = _matrix_rows(res, MATRIX_LAB, "node killed (container SIGKILL), spare idle")
+def _lab_node_row(res: Results, fault: str, what: str, back: str, back_nd: int, back_label: str) -> Row:
+    """A node fault of the lab matrix: downtime, detection, DOWN, then the node back to idle."""
+    rows = _matrix_rows(res, MATRIX_LAB, fault)
     value = (
         f"{_span((_get(r, MATRIX_LAB, 'downtime_s') for r in rows), 2)} s "
         f"(detected {_span((_get(r, MATRIX_LAB, 'detected_s') for r in rows), 2)} s, "
         f"DOWN {_span((_note_num(MATRIX_LAB, r, r'marked DOWN ([0-9.]+) s') for r in rows), 2)} s); "
-        f"node back -> idle {_span((_note_num(MATRIX_LAB, r, r'-> idle ([0-9.]+) s') for r in rows), 2)} s"
+        f"{back_label}{_span((_note_num(MATRIX_LAB, r, back) for r in rows), back_nd)} s"
     )
-    return Row(
+    return Row(what, "lab, real Slurm", value, [MATRIX_LAB])
+
+
+def row_lab_node_kill(res: Results) -> Row:
+    return _lab_node_row(
+        res,
+        "node killed (container SIGKILL), spare idle",
         "Node container SIGKILLed -> first new step on the survivors + spare; restarted node -> idle",
-        "lab, real Slurm",
-        value,
-        [MATRIX_LAB],
+        r"-> idle ([0-9.]+) s",
+        2,
+        "node back -> idle ",
     )
 
 
 def row_lab_partition(res: Results) -> Row:
-    rows = _matrix_rows(res, MATRIX_LAB, "network partition of a node (60 s)")
-    value = (
-        f"{_span((_get(r, MATRIX_LAB, 'downtime_s') for r in rows), 2)} s "
-        f"(detected {_span((_get(r, MATRIX_LAB, 'detected_s') for r in rows), 2)} s, "
-        f"DOWN {_span((_note_num(MATRIX_LAB, r, r'marked DOWN ([0-9.]+) s') for r in rows), 2)} s); "
-        f"{_span((_note_num(MATRIX_LAB, r, r'network back -> idle ([0-9.]+) s') for r in rows), 1)} s"
-    )
-    return Row(
+    return _lab_node_row(
+        res,
+        "network partition of a node (60 s)",
         "Network partition of a node -> first new step; network back -> node idle",
-        "lab, real Slurm",
-        value,
-        [MATRIX_LAB],
+        r"network back -> idle ([0-9.]+) s",
+        1,
+        "",
     )
 
 
