@@ -541,6 +541,7 @@ def test_every_path_field_uses_the_safe_path_pattern() -> None:
         "cluster.storage.checkpoint_dir",
         "cluster.storage.local_scratch",
         "cluster.storage.nfs.export_path",
+        "cluster.monitoring.textfile_dir",
     ]
 
 
