@@ -22,9 +22,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from faultmatrix import Matrix
+from labrun import LabRun, run_lab_all
 
 
 @pytest.fixture(scope="session")
 def matrix() -> Matrix:
     out = os.environ.get("LCM_FAULTS_RESULTS")
     return Matrix(Path(out) if out else None)
+
+
+@pytest.fixture(scope="session")
+def lab_run_result() -> LabRun:
+    """The lab's `lcm-runner all` run (tests/support/labrun.py), once per session: the stage tests and
+    the monitoring tests read the same run."""
+    return run_lab_all()

@@ -97,6 +97,31 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
         e.append(
             SpecError("cluster.layers.pyxis", True, "false unless layers.enroot and layers.slurm are true")
         )
+    e += _monitoring(c["monitoring"])
+    return e
+
+
+def _monitoring(mon: Mapping[str, Any]) -> list[SpecError]:
+    """The webhook receiver has a URL; the textfile directory is not a system directory itself."""
+    e: list[SpecError] = []
+    am = mon["alertmanager"]
+    if am["receiver"] == "webhook" and not am["webhook_url"]:
+        e.append(
+            SpecError(
+                "cluster.monitoring.alertmanager.webhook_url", "", "an http(s) URL for receiver webhook"
+            )
+        )
+    if am["receiver"] == "none" and am["webhook_url"]:
+        e.append(
+            SpecError(
+                "cluster.monitoring.alertmanager.webhook_url",
+                am["webhook_url"],
+                '"" for receiver none (or receiver webhook)',
+            )
+        )
+    path = mon["textfile_dir"]
+    if isinstance(path, str) and (why := system_path_problem(path)):
+        e.append(SpecError("cluster.monitoring.textfile_dir", path, why))
     return e
 
 

@@ -1,89 +1,18 @@
 """`lcm-runner all --launcher slurm` on the podman lab's controller (real Slurm, two CPU nodes, gloo).
 
-Run from the host: `pytest -m lab tests/lab` (molecule verify runs it). It needs
-the lab up (`.lab/READY`), Slurm answering on lab-ctl and the runner installed there
-(playbooks/runner.yml: /opt/lcm/venv, /opt/lcm/cluster.yml). The run config is the repo's
-configs/lab.yml, copied into the lab's shared directory; the results are read back from it.
+Run from the host: `pytest -m lab tests/lab` (molecule verify runs it). The run itself is the session
+fixture `lab_run_result` (tests/conftest.py, tests/support/labrun.py), shared with the monitoring tests.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from labrun import LabRun
 
 pytestmark = pytest.mark.lab
-
-ROOT = Path(__file__).resolve().parents[2]
-LAB = Path(os.environ.get("LCM_LAB_DIR", ROOT / ".lab"))
-SHARED_HOST = LAB / "shared"  # the lab's /shared, seen from the host
-CTL = os.environ.get("LCM_LAB_CONTROLLER", "lab-ctl")
-RUNNER = os.environ.get("LCM_LAB_RUNNER", "/opt/lcm/venv/bin/lcm-runner")
-SPEC = os.environ.get("LCM_LAB_SPEC", "/opt/lcm/cluster.yml")
-TIMEOUT_S = int(os.environ.get("LCM_LAB_TIMEOUT_S", "1800"))
-
-
-def _exec(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", "exec", CTL, *argv], capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-FORCED = os.environ.get("LCM_LAB") == "1"  # molecule verify sets it: a missing lab is then a failure
-
-
-def _unavailable(why: str) -> None:
-    if FORCED:
-        pytest.fail(f"LCM_LAB=1 but {why}")
-    pytest.skip(why)
-
-
-@dataclass(frozen=True)
-class LabRun:
-    dir: Path
-    returncode: int
-    out: str
-
-
-@pytest.fixture(scope="module")
-def lab_run_result() -> LabRun:
-    if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
-        _unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
-    if _exec("sinfo", "-h").returncode != 0:
-        _unavailable("Slurm does not answer on the lab controller")
-    if _exec("test", "-x", RUNNER).returncode != 0:
-        _unavailable(f"{RUNNER} is not installed on {CTL} (playbooks/runner.yml)")
-    ci = SHARED_HOST / "ci"
-    ci.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "configs" / "lab.yml", ci / "lab.yml")
-    p = _exec(
-        RUNNER,
-        "all",
-        "-c",
-        "/shared/ci/lab.yml",
-        "-i",
-        SPEC,
-        "--launcher",
-        "slurm",
-        "--runs-root",
-        "/shared/runs",
-        "--step-sleep-ms",
-        "30",
-        "--timeout",
-        "600",
-        timeout=TIMEOUT_S,
-    )
-    print(p.stdout[-20000:], p.stderr[-5000:])
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("run dir: ")), None)
-    assert line, f"no run dir printed (exit {p.returncode}): {p.stderr[-2000:]}"
-    run_dir = SHARED_HOST / Path(line.split(": ", 1)[1]).relative_to("/shared")
-    assert run_dir.is_dir()
-    return LabRun(run_dir, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
 
 
 @pytest.fixture(scope="module")
