@@ -8,6 +8,7 @@
     lcm-runner report        (lcm_runner.report)        lcm-runner train   (lcm_runner.train)
     lcm-runner spec validate inventories/<name>         lcm-runner lock update <dir>
     lcm-runner ckpt verify <save dir>
+    lcm-runner metrics train|slurm --out FILE   textfile-collector metrics (lcm_runner.metrics)
 
 Every stage prints its run directory at its start and end, its progress (stage, job, step, what it is
 waiting for) while it runs, and a one-line verdict; the exit status is 0 unless a stage FAILed
@@ -39,6 +40,7 @@ EXTERNAL = {
     "ckpt": "lcm_runner.ckpt.cli",
     "spec": "lcm_runner.spec.cli",
     "lock": "lcm_runner.lock",
+    "metrics": "lcm_runner.metrics.cli",
 }
 
 
