@@ -76,8 +76,12 @@ def requeue_exit_codes(agent: str) -> dict[int, str]:
 
 # Telemetry: JSON Lines, <run_dir>/telemetry/rank<R>.jsonl, one record per line, flushed per line.
 # Every record has: ts (unix seconds, float), event, rank, attempt (restart count), job.
-EVENT_START = "start"  # world_size, tp, pp, ep, dp, resumed_from
-EVENT_STEP = "step"  # step, loss, step_time_s, tokens_per_s, comm_time_s (when measurable)
+# start: host, pid; local_rank; gpu (physical GPU index: the CUDA_VISIBLE_DEVICES entry at LOCAL_RANK;
+# None off CUDA); lcm_runner.metrics publishes a rank on the node its newest start's host names.
+EVENT_START = "start"  # world_size, tp, pp, ep, dp, resumed_from, host, pid, local_rank, gpu
+# step: loss is the DP-averaged loss, local_loss this rank's own micro-batches' (before the all-reduce);
+# with measure_comm, comm_time_s = comm_grad_reduce_s (finalize_model_grads) + comm_loss_allreduce_s.
+EVENT_STEP = "step"  # step, loss, local_loss, step_time_s, tokens_per_s, comm_time_s (when measurable)
 EVENT_CKPT_BEGIN = "ckpt_begin"  # step, path
 EVENT_CKPT_END = "ckpt_end"  # step, blocking_s, total_s, bytes, path
 EVENT_RESUME = "resume"  # step, load_s, path

@@ -33,9 +33,28 @@ from .telemetry import TelemetryWriter
 class StepResult:
     loss: float
     step_time_s: float
-    comm_time_s: float
+    comm_time_s: float  # comm_grad_reduce_s + comm_loss_allreduce_s
     grad_norm: float | None
     nonfinite: str = ""  # "loss", "grad", "loss+grad": the guard skipped this step's update
+    local_loss: float = math.nan  # this rank's own micro-batches' loss, before the DP all-reduce
+    comm_grad_reduce_s: float = 0.0  # finalize_model_grads (timed with measure_comm only)
+    comm_loss_allreduce_s: float = 0.0  # the loss all-reduce
+
+
+def physical_gpu(device: str, env: dict[str, str] | os._Environ[str] = os.environ) -> int | str | None:
+    """The physical GPU of this rank: the CUDA_VISIBLE_DEVICES entry at LOCAL_RANK (an index, or a
+    UUID/MIG name as given), LOCAL_RANK itself when every GPU is visible; None off CUDA."""
+    if device != "cuda":
+        return None
+    local = int(env.get("LOCAL_RANK", "0") or 0)
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return local
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not 0 <= local < len(entries):
+        return None
+    entry = entries[local]
+    return int(entry) if entry.isdigit() else entry
 
 
 class Trainer:
@@ -127,19 +146,22 @@ class Trainer:
                 loss = loss * float("nan")  # fault injection: a NaN loss, and so NaN gradients
             loss.backward()
             total += loss.detach()
-        comm = 0.0
+        comm_grad = 0.0
         if self.args.measure_comm:
             self._sync()
             tc = time.perf_counter()
         finalize_model_grads([b.model])  # DP + expert-DP grad all-reduce, SP/TP norm grads
         if self.args.measure_comm:
             self._sync()
-            comm += time.perf_counter() - tc
+            comm_grad = time.perf_counter() - tc
         if self.guard is not None:
             grads = [p.main_grad for p in b.model.parameters() if getattr(p, "main_grad", None) is not None]
             verdict = self.guard.check(total, grads)
             if verdict.bad:  # no optimizer update: the weights stay those of the last healthy step
-                return StepResult(math.nan, time.perf_counter() - t0, comm, None, verdict.what)
+                return StepResult(
+                    math.nan, time.perf_counter() - t0, comm_grad, None, verdict.what,
+                    comm_grad_reduce_s=comm_grad,
+                )  # fmt: skip
         grad_norm: float | None = None
         if b.optimizer_impl == "megatron":
             ok, gn, _ = b.optimizer.step()
@@ -150,11 +172,15 @@ class Trainer:
             for w in b.model.parameters():
                 w.grad = w.main_grad
             b.optimizer.step()
+        local = total.clone()  # queued before the in-place all-reduce: this rank's own loss
         tc = time.perf_counter()
         dist.all_reduce(total, group=self.ps.get_data_parallel_group())
         value = total.item() / self.dp  # .item() synchronises the device
-        comm += time.perf_counter() - tc
-        return StepResult(value, time.perf_counter() - t0, comm, grad_norm)
+        comm_loss = time.perf_counter() - tc
+        return StepResult(
+            value, time.perf_counter() - t0, comm_grad + comm_loss, grad_norm,
+            local_loss=local.item(), comm_grad_reduce_s=comm_grad, comm_loss_allreduce_s=comm_loss,
+        )  # fmt: skip
 
     _last_skipped = False
 
@@ -227,6 +253,8 @@ class Trainer:
             async_save=a.async_save,
             pid=os.getpid(),
             host=socket.gethostname(),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
+            gpu=physical_gpu(self.device),
             durable=True,
         )
         start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)
@@ -261,12 +289,15 @@ class Trainer:
             rec: dict[str, Any] = dict(
                 step=step,
                 loss=r.loss,
+                local_loss=r.local_loss,
                 loss_hex=float(r.loss).hex(),
                 step_time_s=round(r.step_time_s, 6),
                 tokens_per_s=round(self.tokens_per_step / r.step_time_s, 3),
             )
             if a.measure_comm:
                 rec["comm_time_s"] = round(r.comm_time_s, 6)
+                rec["comm_grad_reduce_s"] = round(r.comm_grad_reduce_s, 6)
+                rec["comm_loss_allreduce_s"] = round(r.comm_loss_allreduce_s, 6)
             if r.grad_norm is not None:
                 rec["grad_norm"] = r.grad_norm
             self.tel.emit(EVENT_STEP, **rec)

@@ -524,3 +524,24 @@ def test_ends_by_itself_when_every_rank_exited_with_a_final_code(tmp_path: Path)
     got = parse(out.read_text())
     assert set(series(got, "lcm_train_running").values()) == {0}
     assert one(got, "lcm_train_restarts", rank="1") == 1
+
+
+# ----------------------------------------------------------------------------- the trainer's side
+
+
+@pytest.mark.parametrize(
+    ("device", "env", "want"),
+    [
+        ("cuda", {"LOCAL_RANK": "2", "CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 6),
+        ("cuda", {"LOCAL_RANK": "1"}, 1),  # every GPU visible: the local rank's own
+        ("cuda", {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "GPU-8f2c,GPU-11ab"}, "GPU-8f2c"),
+        ("cuda", {"LOCAL_RANK": "3", "CUDA_VISIBLE_DEVICES": "0,1"}, None),
+        ("cpu", {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "3"}, None),
+    ],
+)
+def test_start_record_gpu_is_the_visible_entry_at_local_rank(
+    device: str, env: dict[str, str], want: int | str | None
+) -> None:
+    from lcm_runner.train.trainer import physical_gpu
+
+    assert physical_gpu(device, env) == want
