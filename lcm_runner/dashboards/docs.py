@@ -23,8 +23,10 @@ never an exporter's host label; `$__rate_interval` for rates; no `job` matcher.
 it runs on production clusters only). `tests/unit/test_dashboards.py` checks the JSON is a fresh build and
 that every query uses only the contract's metric names and parses: the real `promtool check rules` reads
 them, variables substituted, as recording rules. `tests/lab/test_dashboard_queries.py` (molecule verify)
-sends every panel query to the lab's Prometheus after a `lcm-runner all` run on the lab's Slurm: every
-query must evaluate, and `lab` panels must return series inside the run's time window. The lab has no GPUs:
+sends every panel query to the lab's Prometheus after a `lcm-runner all` run on the lab's Slurm, variables
+substituted as Grafana would (`$node` All, `$job_id` the run's Slurm jobs, `$__rate_interval` 4 x the scrape
+interval): every query must evaluate, `lab` panels must return series inside the run's time window, and it
+prints the series count of every query. The lab has no GPUs:
 DCGM panels are checked against fixture series in dcgm-exporter's exposition format
 (`tests/fixtures/dcgm/dcgm-exporter.prom`, every field of the default `monitoring.dcgm.fields`, two GPUs)
 that the test copies into lab-node1's textfile collector directory, and they must then return series.
