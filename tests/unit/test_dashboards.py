@@ -277,6 +277,23 @@ def test_dcgm_fixture_parses_and_has_every_default_field_on_two_gpus() -> None:
         assert all("node" not in s for s in label_sets)  # Prometheus adds it as a target label
 
 
+def test_dcgm_fixture_help_and_type_are_what_our_exporter_prints() -> None:
+    """dcgm-exporter prints the counters file's type and help; roles/dcgm_exporter renders that file from
+    its field catalog, so the fixture's HELP/TYPE lines are the catalog's (rates only on counters)."""
+    catalog = yaml.safe_load((ROOT / "roles/dcgm_exporter/vars/main.yml").read_text())[
+        "_dcgm_exporter_field_catalog"
+    ]
+    declared = re.findall(r"^# (HELP|TYPE) (\S+) (.*)$", FIXTURE.read_text(), re.MULTILINE)
+    assert len(declared) == 2 * len(DCGM_FIELDS)
+    for kind, name, text in declared:
+        assert text == catalog[name]["help" if kind == "HELP" else "type"], (kind, name)
+    for d in DASHBOARDS:
+        for p in panels_by_id(d).values():
+            for t in p.targets:
+                for name in re.findall(r"\b(?:rate|irate|increase)\((DCGM_FI_\w+)", t.expr):
+                    assert catalog[name]["type"] == "counter", (d.uid, p.title, name)
+
+
 def test_every_dcgm_panel_reads_fixture_series_only() -> None:
     fixture = set(_fixture_samples())
     for d in DASHBOARDS:
