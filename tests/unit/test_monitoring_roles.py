@@ -140,6 +140,10 @@ def test_node_exporter_collectors_and_the_old_release_flag() -> None:
     v = _vars(LAB, node_exporter_collectors_enabled=["systemd"], node_exporter_collectors_disabled=["zfs"])
     args = _args("node_exporter", "node_exporter.default.j2", v)
     assert "--collector.systemd" in args and "--no-collector.zfs" in args
+    assert "--collector.mountstats" not in args  # the lab's storage is not NFS
+    nfs = copy.deepcopy(LAB)
+    nfs["storage"].update(type="nfs", nfs={"export_path": "/srv/lcm"})
+    assert "--collector.mountstats" in _args("node_exporter", "node_exporter.default.j2", {**v, "cluster": nfs})
     assert any(a.startswith("--collector.filesystem.mount-points-exclude=") for a in args)
     # The locked release tarball (1.0.1) predates the flag's rename in 1.1.
     old = _args(
