@@ -34,6 +34,7 @@ from lcm_runner.launch.commands import agent_argv
 from lcm_runner.launch.jobspec import job_spec
 
 SBATCH_NAME = "train_2node.sbatch"
+TRAIN_METRICS_FILE = "lcm_train.prom"  # in cluster.monitoring.textfile_dir (docs/monitoring.md)
 NCCL_ENV_NAME = "nccl_env.sh"
 TEMPLATES = Path(__file__).parent / "templates"
 SIGNAL_BEFORE_LIMIT_S = 180
@@ -214,6 +215,17 @@ def sbatch_text(
     return sbatch_for(cluster, spec, nccl_profile=nccl_profile, job_name=job_name)
 
 
+def train_metrics_out(cluster: dict[str, Any]) -> str:
+    """Where each node's `lcm-runner metrics train` writes (<monitoring.textfile_dir>/lcm_train.prom),
+    or "" when the spec's monitoring layer is off (the batch script then starts no writer)."""
+    if not cluster.get("layers", {}).get("monitoring", False):
+        return ""
+    from lcm_runner.spec import fill_defaults
+
+    textfile_dir = str(fill_defaults(cluster)["monitoring"]["textfile_dir"])
+    return f"{textfile_dir.rstrip('/')}/{TRAIN_METRICS_FILE}"
+
+
 def sbatch_for(
     cluster: dict[str, Any], spec: JobSpec, *, nccl_profile: bool = False, job_name: str | None = None
 ) -> str:
@@ -228,12 +240,16 @@ def sbatch_for(
             if gpu.get("gres_type")
             else f"gpu:{spec.gpus_per_node}"
         )
+    metrics_out = train_metrics_out(cluster)
     container = None
     if spec.container_image:
         mountpoint = cluster.get("storage", {}).get("mountpoint")
         mounts = [f"{mountpoint}:{mountpoint}"] if mountpoint else []
         if not mountpoint or not str(run_dir).startswith(str(mountpoint).rstrip("/") + "/"):
             mounts.append(f"{run_dir}:{run_dir}")
+        if metrics_out:  # the writer runs in the container too
+            textfile_dir = str(Path(metrics_out).parent)
+            mounts.append(f"{textfile_dir}:{textfile_dir}")
         mounts += [m for m in spec.container_mounts if m not in mounts]
         container = {"image": spec.container_image, "mounts": ",".join(mounts), "workdir": str(run_dir)}
     requeue_names = requeue_exit_codes(spec.agent)
@@ -259,6 +275,7 @@ def sbatch_for(
             requeue_code=int(ExitCode.REQUEUE),
             requeue_codes=sorted(requeue_names),
             requeue_names=requeue_names,
+            metrics_out=metrics_out,
         )
     )
 
