@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -27,12 +27,11 @@ class Stopper:
     """Set by SIGTERM/SIGINT; `sleep` returns early once set."""
 
     signum: int | None = None
-    _previous: dict[int, object] = field(default_factory=dict)
 
     def install(self) -> Stopper:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            signal.signal(sig, self._handle)
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         return self
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:

@@ -48,7 +48,7 @@ from lcm_runner.contracts import (
 )
 from lcm_runner.telemetry import Record, telemetry_files
 
-from .exposition import Histogram, MetricFamily
+from .exposition import Histogram, MetricFamily, MetricType
 from .follow import Tail
 
 STEP_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)
@@ -241,8 +241,8 @@ class TrainCollector:
         return build_families(self.job_id, self.local_ranks(), now, alive)
 
 
-def _fam(name: str, mtype: str, help_text: str) -> MetricFamily:
-    return MetricFamily(name, mtype, help_text)  # type: ignore[arg-type]
+def _fam(name: str, mtype: MetricType, help_text: str) -> MetricFamily:
+    return MetricFamily(name, mtype, help_text)
 
 
 def build_families(job_id: str, ranks: Iterable[RankState], now: float, alive: bool) -> list[MetricFamily]:
