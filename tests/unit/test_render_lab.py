@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAB = Path(os.environ.get("LCM_LAB_DIR", ROOT / ".lab"))
 CTL = os.environ.get("LCM_LAB_CONTROLLER", "lab-ctl")
 STANDIN = """#!/bin/bash
+[ "$1 $2" = "-m lcm_runner.metrics" ] && exit 0  # the training-metrics writer beside the agent
 d={run}/out; mkdir -p $d
 n=node${{SLURM_NODEID}}-restart${{SLURM_RESTART_COUNT:-0}}
 printf '%s\\n' "$@" > $d/argv.$n
