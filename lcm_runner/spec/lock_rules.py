@@ -7,6 +7,9 @@ packages; only the conditions the roles write as Jinja (which packages a node ro
 here, and tests/unit/test_spec_lock.py checks them against the role files.
 
     lock_errors(cluster, lock, settings={"nvidia_driver_source": "debian"})
+
+Over ~300 lines: one table of what every layer installs and one of the version pairs that must agree, side by
+side so a layer's entry and its pairs are read together.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ _ARTIFACT_KEYS = {"version", "url", "sha256", "filename", "filename_template", "
 # Minimum Required Driver Version for CUDA Minor Version Compatibility"): an NCCL built for +cudaX.Y
 # needs at least this driver.
 CUDA_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+# The monitoring layer's Debian packages: node_exporter (every node), Prometheus and Alertmanager (monitoring
+# hosts); Grafana and DCGM come from the lock's artifacts (layer_needs).
+MONITORING_PACKAGES = ("prometheus-node-exporter", "prometheus", "prometheus-alertmanager")
 
 # Public role settings the lock needs depend on (the inventory may override each; absent = the role's
 # default from roles/<role>/defaults/main.yml).
@@ -160,7 +167,23 @@ def layer_needs(cluster: Mapping[str, Any], settings: Mapping[str, Any]) -> list
         need("storage", "packages", ["nfs-kernel-server", "nfs-common"])
     if layers["runner"]:
         need("runner", "packages", role_value("lcm_runner", "_lcm_runner_packages"))
+    if layers["monitoring"]:
+        mon = cluster["monitoring"]
+        # roles/node_exporter, roles/prometheus, roles/alertmanager: Debian's packages (docs/monitoring.md)
+        need("monitoring", "packages", MONITORING_PACKAGES)
+        if mon["grafana"]["enabled"]:
+            need("monitoring", "packages", role_value("grafana", "_grafana_dep_packages"))
+            need("monitoring", "artifacts", ["grafana"])  # roles/grafana/tasks/install.yml
+        if gpu["count_per_node"] > 0:
+            # roles/dcgm_exporter/vars/main.yml _dcgm_exporter_artifacts: -proprietary only for DCGM_FI_PROF_*
+            dcgm = ["dcgm", "dcgm_proprietary"] if _dcgm_prof(mon) else ["dcgm"]
+            need("monitoring", "artifacts", [*dcgm, "dcgm_exporter"])
     return out
+
+
+def _dcgm_prof(monitoring: Mapping[str, Any]) -> bool:
+    """Any DCGM_FI_PROF_* field (DCGM's profiling module, in the -proprietary package)."""
+    return any(str(f).startswith("DCGM_FI_PROF_") for f in monitoring["dcgm"]["fields"])
 
 
 def _version(lock: Mapping[str, Any], kind: str, name: str) -> str | None:
@@ -264,4 +287,28 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
                     )
                 )
                 break  # one error per driver (the NCCL artifacts share a version: checked above)
+    if layers["monitoring"] and gpu["count_per_node"] > 0:
+        e += _dcgm_pairs(cluster, lock)
+    return e
+
+
+def _dcgm_pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any]) -> list[SpecError]:
+    """dcgm-exporter is tagged <DCGM version>-<exporter version> (built for it); -proprietary equals -core."""
+    e: list[SpecError] = []
+    dcgm, exporter = _version(lock, "artifacts", "dcgm"), _version(lock, "artifacts", "dcgm_exporter")
+    if dcgm and exporter and not exporter.startswith(upstream_version(dcgm) + "-"):
+        e.append(
+            SpecError(
+                _path("artifacts", "dcgm_exporter"),
+                exporter,
+                f"a tag starting with {upstream_version(dcgm)}- like {_path('artifacts', 'dcgm')} {dcgm} "
+                "(dcgm-exporter is tagged <DCGM version>-<exporter version> and built for that DCGM)",
+            )
+        )
+    if _dcgm_prof(cluster["monitoring"]):
+        e += _same(
+            lock,
+            "DCGM's profiling module and its core are one release",
+            [("artifacts", "dcgm"), ("artifacts", "dcgm_proprietary")],
+        )
     return e

@@ -73,6 +73,14 @@ def test_missing_package_shared_by_layers_names_every_layer() -> None:
         ({"slurm": True}, {}, "packages", "slurmd"),
         ({"runner": True}, {}, "packages", "python3-venv"),
         ({"base": True}, {}, "packages", "chrony"),
+        ({"monitoring": True}, {}, "packages", "prometheus-node-exporter"),
+        ({"monitoring": True}, {}, "packages", "prometheus"),
+        ({"monitoring": True}, {}, "packages", "prometheus-alertmanager"),
+        ({"monitoring": True}, {}, "artifacts", "grafana"),
+        ({"monitoring": True}, {}, "packages", "musl"),
+        ({"monitoring": True}, {}, "artifacts", "dcgm"),
+        ({"monitoring": True}, {}, "artifacts", "dcgm_proprietary"),
+        ({"monitoring": True}, {}, "artifacts", "dcgm_exporter"),
     ],
 )
 def test_each_layer_needs_its_entries(layers: dict, settings: dict, kind: str, name: str) -> None:
@@ -90,6 +98,92 @@ def test_nfs_storage_needs_the_nfs_packages_other_types_do_not() -> None:
     spec["storage"] = {"type": "nfs", "mountpoint": "/mnt/ckpt", "checkpoint_dir": "/mnt/ckpt/c"}
     (msg,) = _msgs(spec, lock)
     assert "lcm_lock.packages.nfs-kernel-server = null" in msg and "cluster.layers.storage" in msg
+
+
+MONITORING_ENTRIES = [
+    ("packages", "prometheus"),
+    ("packages", "prometheus-node-exporter"),
+    ("packages", "prometheus-alertmanager"),
+    ("packages", "adduser"),
+    ("artifacts", "grafana"),
+    ("artifacts", "dcgm"),
+    ("artifacts", "dcgm_proprietary"),
+    ("artifacts", "dcgm_exporter"),
+]
+
+
+def _without(*entries: tuple[str, str]) -> dict[str, Any]:
+    lock = _lock()
+    for kind, name in entries:
+        del lock[kind][name]
+    return lock
+
+
+def test_monitoring_off_needs_none_of_its_entries() -> None:
+    assert _msgs(_h200(monitoring=False), _without(*MONITORING_ENTRIES)) == []
+
+
+def test_grafana_off_needs_no_grafana_entries() -> None:
+    spec = _h200()
+    spec["monitoring"] = {"grafana": {"enabled": False}}
+    assert (
+        _msgs(spec, _without(("artifacts", "grafana"), ("packages", "musl"), ("packages", "adduser"))) == []
+    )
+    (msg,) = _msgs(_h200(), _without(("artifacts", "grafana")))
+    assert msg == (
+        "lcm_lock.artifacts.grafana = null: expected an entry: cluster.layers.monitoring is true and "
+        "installs it from the lock"
+    )
+
+
+def test_a_cluster_without_gpus_needs_no_dcgm() -> None:
+    lab = copy.deepcopy(LAB)
+    lab["layers"]["monitoring"] = True
+    lab["monitoring"] = {"grafana": {"enabled": False}}  # as the lab sets it
+    dcgm = [("artifacts", "dcgm"), ("artifacts", "dcgm_proprietary"), ("artifacts", "dcgm_exporter")]
+    assert _msgs(lab, _without(*dcgm)) == []
+    assert [m.split(" = ")[0] for m in _msgs(_h200(), _without(*dcgm))] == [
+        f"lcm_lock.{k}.{n}" for k, n in dcgm
+    ]
+
+
+def test_dcgm_fields_without_profiling_need_no_proprietary_package() -> None:
+    spec = _h200()
+    spec["monitoring"] = {"dcgm": {"fields": ["DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_GPU_TEMP"]}}
+    lock = _without(("artifacts", "dcgm_proprietary"))
+    assert _msgs(spec, lock) == []
+    spec["monitoring"]["dcgm"]["fields"].append("DCGM_FI_PROF_SM_ACTIVE")
+    (msg,) = _msgs(spec, lock)
+    assert msg.startswith("lcm_lock.artifacts.dcgm_proprietary = null: expected an entry")
+
+
+def test_dcgm_exporter_tag_starts_with_the_dcgm_version() -> None:
+    lock = _lock()
+    lock["artifacts"]["dcgm_exporter"]["version"] = "4.1.1-4.0.4"
+    (msg,) = _msgs(H200, lock)
+    assert msg == (
+        'lcm_lock.artifacts.dcgm_exporter = "4.1.1-4.0.4": expected a tag starting with 4.2.3- like '
+        "lcm_lock.artifacts.dcgm 4.2.3-1 (dcgm-exporter is tagged <DCGM version>-<exporter version> and "
+        "built for that DCGM)"
+    )
+    lock["artifacts"]["dcgm_exporter"]["version"] = "4.2.3-4.1.3"
+    assert _msgs(H200, lock) == [], "another exporter release for the same DCGM"
+    lock["artifacts"]["dcgm_exporter"]["version"] = "4.2.30-4.1.1"
+    assert len(_msgs(H200, lock)) == 1, "4.2.30 is not 4.2.3"
+    spec = _h200()
+    spec["gpu"] = {"model": "none", "count_per_node": 0, "gres_type": "", "nvswitch": False}
+    spec["layers"].update(nvidia=False, nccl=False)
+    assert _msgs(spec, lock) == [], "no GPUs, no DCGM: no pair"
+
+
+def test_dcgm_profiling_module_is_the_core_release() -> None:
+    lock = _lock()
+    lock["artifacts"]["dcgm_proprietary"]["version"] = "4.2.2-1"
+    (msg,) = _msgs(H200, lock)
+    assert msg == (
+        'lcm_lock.artifacts.dcgm_proprietary = "4.2.2-1": expected version 4.2.3-1 like '
+        "lcm_lock.artifacts.dcgm (DCGM's profiling module and its core are one release)"
+    )
 
 
 def test_an_enroot_without_caps_setting_needs_no_caps_artifact() -> None:
@@ -216,6 +310,20 @@ def test_layer_table_reads_the_roles_own_lists() -> None:
     ):
         assert any(n == name for _, n in needs)
     assert ("runner", "python3-venv") in needs
+    # roles/grafana: its deb's dependencies (read from the role) and its artifact; roles/dcgm_exporter: the
+    # -proprietary package only with DCGM_FI_PROF_* fields, as lock_rules says.
+    for name in _literal_list("grafana", "_grafana_dep_packages"):
+        assert ("monitoring", name) in needs
+    assert role_value("grafana", "_grafana_artifact") == "grafana"
+    assert (
+        '_artifacts_names: ["{{ _grafana_artifact }}"]'
+        in (ROOT / "roles/grafana/tasks/install.yml").read_text()
+    )
+    dcgm_vars = (ROOT / "roles/dcgm_exporter/vars/main.yml").read_text()
+    assert "['dcgm', 'dcgm_proprietary'] if _dcgm_exporter_prof_fields else ['dcgm']" in dcgm_vars
+    assert "select('match', '^DCGM_FI_PROF_')" in dcgm_vars
+    assert role_value("dcgm_exporter", "_dcgm_exporter_artifact") == "dcgm_exporter"
+    assert {("monitoring", n) for n in ("dcgm", "dcgm_proprietary", "dcgm_exporter", "prometheus")} <= needs
 
 
 def test_validate_playbook_failure_names_the_lock_field(tmp_path: Path) -> None:
