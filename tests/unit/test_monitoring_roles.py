@@ -143,7 +143,8 @@ def test_node_exporter_collectors_and_the_old_release_flag() -> None:
     assert "--collector.mountstats" not in args  # the lab's storage is not NFS
     nfs = copy.deepcopy(LAB)
     nfs["storage"].update(type="nfs", nfs={"export_path": "/srv/lcm"})
-    assert "--collector.mountstats" in _args("node_exporter", "node_exporter.default.j2", {**v, "cluster": nfs})
+    with_nfs = _args("node_exporter", "node_exporter.default.j2", {**v, "cluster": nfs})
+    assert "--collector.mountstats" in with_nfs
     assert any(a.startswith("--collector.filesystem.mount-points-exclude=") for a in args)
     # The locked release tarball (1.0.1) predates the flag's rename in 1.1.
     old = _args(

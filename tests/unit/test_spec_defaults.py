@@ -28,7 +28,7 @@ from lcm_runner.spec.errors import SpecInvalid
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ROOT / "roles"
 LAB = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
-GROUPS = {"all": ["ctl", "c1"], "controller": ["ctl"], "compute": ["c1"]}
+GROUPS = {"all": ["ctl", "c1"], "controller": ["ctl"], "compute": ["c1"], "monitoring": ["ctl"]}
 
 # `cluster.a.b` (or cluster['a']) followed by a `| default(` filter: a restated spec default.
 _RESTATED = re.compile(r"cluster((?:\.[A-Za-z_]\w*)+)\s*(?:\|\s*int\s*)?\|\s*default\(\s*([^)]*)\)")
@@ -220,6 +220,7 @@ all:
       children:
         controller: {hosts: {ctl: {}}}
         compute: {hosts: {c1: {}}}
+        monitoring: {hosts: {ctl: {}}}
 """
 
 SITE = f"""
