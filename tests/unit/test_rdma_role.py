@@ -109,6 +109,7 @@ def test_an_ethernet_fabric_with_the_rdma_layer_is_refused_by_validation():
     groups = {
         "controller": ["ctl"],
         "compute": ["node1"],
+        "monitoring": ["ctl"],
         "cluster": ["ctl", "node1"],
         "all": ["ctl", "node1"],
     }

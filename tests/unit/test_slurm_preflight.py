@@ -58,7 +58,13 @@ def test_lab_spec_passes(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-GROUPS = {"controller": ["ctl"], "compute": ["node1"], "cluster": ["ctl", "node1"], "all": ["ctl", "node1"]}
+GROUPS = {
+    "controller": ["ctl"],
+    "compute": ["node1"],
+    "monitoring": ["ctl"],
+    "cluster": ["ctl", "node1"],
+    "all": ["ctl", "node1"],
+}
 
 
 # Spec mistakes of this layer are refused by validation (playbooks/validate.yml, before any host is
@@ -76,5 +82,5 @@ def test_unknown_partition_group_is_refused_by_validation() -> None:
     msgs = [str(e) for e in validate(spec, GROUPS)]
     assert msgs == [
         'cluster.slurm.partitions[0].groups = "gpunodes": expected an inventory group '
-        "(known: cluster, compute, controller)"
+        "(known: cluster, compute, controller, monitoring)"
     ]

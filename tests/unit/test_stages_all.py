@@ -1,5 +1,9 @@
 """`lcm-runner all` end to end with the local launcher and the real trainer: a short version of the lab
-run (two CPU "nodes" of one rank, a tiny MoE model). Slow (a dozen fresh trainer starts)."""
+run (two CPU "nodes" of one rank, a tiny MoE model). Slow (a dozen fresh trainer starts: over two
+minutes on CI's 2 cores), and the twin of the heavy end to end CI runs once, on the lab's real Slurm
+(tests/lab/test_slurm_stages.py in molecule verify): marked `e2e_local`, which scripts/test leaves out;
+`pytest -m e2e_local tests/unit` runs it. Each stage's local-launcher path has its own unit tests
+(test_stages_resume.py, test_stages_fault.py, test_fault_local.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import yaml
 
 from lcm_runner.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e_local]
 
 CFG = {
     "name": "ci-all",
