@@ -371,6 +371,7 @@ def _verify(
         {
             "cluster": spec(**GPU_SPEC),
             "_monitoring_listen_address": "127.0.0.1",
+            "_monitoring_local_address": "127.0.0.1",
             "dcgm_exporter_port": port,
             "dcgm_exporter_verify_timeout_s": 4,
             "_dcgm_exporter_binary": _version_script(tmp_path, "dcgm-exporter", exporter),
