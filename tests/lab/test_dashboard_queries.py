@@ -45,6 +45,7 @@ from typing import Any
 
 import pytest
 import yaml
+from labrun import FORCED, LAB, unavailable
 
 from lcm_runner.dashboards import DASHBOARDS, panels_by_id
 from lcm_runner.dashboards.build import JSON_DIR
@@ -54,7 +55,6 @@ from lcm_runner.spec import fill_defaults
 pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB = Path(os.environ.get("LCM_LAB_DIR", ROOT / ".lab"))
 PROMETHEUS = os.environ.get("LCM_LAB_PROMETHEUS", "http://10.89.42.10:9090").rstrip("/")
 DCGM_NODE = os.environ.get("LCM_LAB_DCGM_NODE", "lab-node1")  # container name = inventory name = `node`
 FIXTURE = ROOT / "tests" / "fixtures" / "dcgm" / "dcgm-exporter.prom"
@@ -63,13 +63,6 @@ LAB_SPEC = fill_defaults(
 )
 TEXTFILE_DIR = LAB_SPEC["monitoring"]["textfile_dir"]
 DCGM_FIELDS = LAB_SPEC["monitoring"]["dcgm"]["fields"]
-FORCED = os.environ.get("LCM_LAB") == "1"  # molecule verify sets it: a missing lab is then a failure
-
-
-def _unavailable(why: str) -> None:
-    if FORCED:
-        pytest.fail(f"LCM_LAB=1 but {why}")
-    pytest.skip(why)
 
 
 class Prometheus:
@@ -139,7 +132,7 @@ class Window:
 @pytest.fixture(scope="module")
 def prometheus() -> Prometheus:
     if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
-        _unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
+        unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
     try:
         with urllib.request.urlopen(f"{PROMETHEUS}/-/ready", timeout=10) as r:
             ready = r.status == 200
@@ -148,7 +141,7 @@ def prometheus() -> Prometheus:
     else:
         why = "not ready"
     if not ready:
-        _unavailable(f"the lab's Prometheus at {PROMETHEUS} does not answer ({why}; LCM_LAB_PROMETHEUS)")
+        unavailable(f"the lab's Prometheus at {PROMETHEUS} does not answer ({why}; LCM_LAB_PROMETHEUS)")
     return Prometheus(PROMETHEUS)
 
 
