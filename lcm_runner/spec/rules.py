@@ -88,6 +88,7 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
     default = [p["name"] for p in parts if p["default"]]
     if len(default) != 1:
         e.append(SpecError("cluster.slurm.partitions[].default", default, "exactly one default partition"))
+    e += _node_slots(c["slurm"].get("node_slots", ""))
 
     if layers["nvidia"] and count == 0:
         e.append(SpecError("cluster.layers.nvidia", True, "false when cluster.gpu.count_per_node is 0"))
@@ -99,6 +100,20 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
         )
     e += _monitoring(c["monitoring"])
     return e
+
+
+def _node_slots(slots: str) -> list[SpecError]:
+    """slurm.node_slots is a Slurm hostlist of valid host names (or empty)."""
+    if not slots:
+        return []
+    try:
+        names = expand(slots)
+    except HostlistError as exc:
+        return [SpecError("cluster.slurm.node_slots", slots, f"{HOSTLIST_EXPECTED}; {exc}")]
+    bad = [(n, why) for n in names if (why := host_problem(n))]
+    if bad:
+        return [SpecError("cluster.slurm.node_slots", slots, f"names that are {bad[0][1]} ({bad[0][0]!r})")]
+    return []
 
 
 def _monitoring(mon: Mapping[str, Any]) -> list[SpecError]:
