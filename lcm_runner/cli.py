@@ -9,6 +9,7 @@
     lcm-runner spec validate inventories/<name>         lcm-runner lock update <dir>
     lcm-runner ckpt verify <save dir>
     lcm-runner metrics train|slurm --out FILE   textfile-collector metrics (lcm_runner.metrics)
+    lcm-runner health check --expect FILE [--json OUT] [--markdown OUT] [--drain]   (lcm_runner.health)
     lcm-runner probe --expect FILE [--only gemm,copy,allreduce] [--peers DIR]   burn-in (lcm_runner.probes)
 
 Every stage prints its run directory at its start and end, its progress (stage, job, step, what it is
@@ -42,6 +43,7 @@ EXTERNAL = {
     "spec": "lcm_runner.spec.cli",
     "lock": "lcm_runner.lock",
     "metrics": "lcm_runner.metrics.cli",
+    "health": "lcm_runner.health.cli",
     "probe": "lcm_runner.probes.cli",
 }
 
