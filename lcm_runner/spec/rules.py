@@ -49,6 +49,14 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
         )
     if gpu["nvswitch"] and count < 2:
         e.append(SpecError("cluster.gpu.nvswitch", True, f"false with {count} GPU(s) per node (needs >= 2)"))
+    if gpu["nvlink"] and count < 2:
+        e.append(
+            SpecError(
+                "cluster.gpu.nvlink",
+                True,
+                f"false with {count} GPU(s) per node (NVLink connects GPU pairs; needs >= 2)",
+            )
+        )
 
     ftype, hcas = fabric["type"], fabric["hcas"]
     if ftype in ("infiniband", "roce") and not hcas:
