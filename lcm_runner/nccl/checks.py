@@ -9,11 +9,27 @@ Flags (severity error unless noted):
   no_gdrdma              IB channels without GPUDirect RDMA (severity info)
   p2p_link_unverified    P2P inside a node, but nothing in the log proves NVLink (severity info)
   no_logs                no NCCL log lines were found
+A failed run (each names the rank, host:pid, the communicator and the log line that shows it):
+  comm_error             a line saying a communicator failed: a fatal NCCL WARN (socket closed/reset/refused/
+                         timed out, proxy/IB errors, Abort), ncclRemoteError/ncclSystemError/"unhandled system
+                         error", torch's ProcessGroupNCCL watchdog timeout / "communicator was aborted"
+  comm_aborted           a communicator aborted (ncclCommAbort: "- Abort START|COMPLETE") in a process with
+                         error lines, or before its Init COMPLETE. An abort with neither is torch tearing its
+                         process groups down (ProcessGroupNCCL's destructor aborts the communicators it was
+                         not asked to destroy; the real healthy H200 pair shows one): listed in the rank's
+                         summary ("aborted"), not flagged
+  init_incomplete        a process stopped mid-initialisation: Init START without Init COMPLETE for that
+                         communicator, or a Bootstrap line and no communicator at all
+  ranks_missing          a communicator of nranks N of which fewer ranks' logs were found (names the missing)
+  no_collective          a rank whose log shows no collective: no channel connection line (NCCL 2.22+
+                         connects on first use), no "Connected all rings/trees", no TUNING algo line, no COLL
+                         opCount line
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from lcm_runner.nccl.logparse import Channel, Comm, ProcessLog, comm_hosts, summary_of
@@ -42,6 +58,16 @@ class Flag:
     severity: str
     detail: str
     ranks: tuple[int | str, ...] = ()
+    comm: str = ""  # the communicator ("comm 0x.. (commId 0x..)"), where the flag is about one
+    where: str = ""  # host:pid of the process (file name when the log had no NCCL line)
+    line: str = ""  # the log line that shows it, truncated
+
+
+LINE_MAX = 200
+
+
+def _cut(text: str, n: int = LINE_MAX) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _who(log: ProcessLog) -> int | str:
@@ -145,7 +171,156 @@ def check(logs: list[ProcessLog], expect: Expect) -> list[Flag]:
                 )
             )
     flags += _disagreements(logs, paths)
+    flags += failed_run(logs)
     return flags
+
+
+def _where(log: ProcessLog) -> str:
+    return f"{log.host}:{log.pid}" if log.host else Path(log.path).name
+
+
+def _comm_label(log: ProcessLog, ptr: str | None) -> str:
+    c = log.comms.get(ptr or "")
+    return c.label if c is not None else (f"comm {ptr}" if ptr else "no communicator set up yet")
+
+
+def failed_run(logs: list[ProcessLog]) -> list[Flag]:
+    """Flags of a run that failed: error lines, aborts, ranks stopped mid-init or missing, no collective."""
+    out: list[Flag] = []
+    for log in logs:
+        who, where = _who(log), _where(log)
+        tag = f"rank {who} ({where})" if log.host and who != where else f"rank {who}"
+        for ptr in dict.fromkeys(e.comm_ptr for e in log.errors):  # one flag per communicator, in order
+            errs = [e for e in log.errors if e.comm_ptr == ptr]
+            first = errs[0]
+            comm = _comm_label(log, ptr)
+            if group := next((e.group for e in errs if e.group), None):
+                comm = f"{comm}; torch {group}"
+            ranks = sorted({e.rank for e in errs if e.rank is not None}) or [who]
+            out.append(
+                Flag(
+                    "comm_error",
+                    ERROR,
+                    f"{tag}, {comm}: {len(errs)} error line(s) "
+                    f"({', '.join(sorted({e.source for e in errs}))}), "
+                    f"first at line {first.lineno}: {_cut(first.text)!r}",
+                    tuple(ranks),
+                    comm,
+                    where,
+                    _cut(first.text),
+                )
+            )
+        for c in log.comms.values():
+            if c.abort and (log.errors or not c.init_complete):
+                why = "after error line(s) in this log" if log.errors else "before its Init COMPLETE"
+                out.append(
+                    Flag(
+                        "comm_aborted",
+                        ERROR,
+                        f"{tag}: {c.label} (rank {c.rank} of {c.nranks}) aborted {why}: {_cut(c.abort)!r}",
+                        (who,),
+                        c.label,
+                        where,
+                        _cut(c.abort),
+                    )
+                )
+        for c in log.comms.values():
+            if c.init_start and not c.init_complete:
+                out.append(
+                    Flag(
+                        "init_incomplete",
+                        ERROR,
+                        f"{tag} stopped mid-initialisation of {c.label} (rank {c.rank} of {c.nranks}): "
+                        f"Init START without Init COMPLETE; the log ends with {_cut(log.last_line)!r}",
+                        (who,),
+                        c.label,
+                        where,
+                        _cut(c.init_start),
+                    )
+                )
+        if log.bootstrap and not log.comms:
+            out.append(
+                Flag(
+                    "init_incomplete",
+                    ERROR,
+                    f"{tag}: NCCL bootstrapped ({_cut(log.bootstrap)!r}) but no communicator init started; "
+                    f"the log ends with {_cut(log.last_line)!r}",
+                    (who,),
+                    "",
+                    where,
+                    _cut(log.bootstrap),
+                )
+            )
+        complete = [c for c in log.comms.values() if c.init_complete]
+        stopped = any(f.code == "init_incomplete" and f.where == where for f in out)
+        # (a rank stopped mid-init is flagged above: not again as "no collective")
+        if (log.comms or log.bootstrap) and not stopped and not log.collective_evidence:
+            done = (
+                f"{len(complete)} communicator(s) completed init ({', '.join(c.label for c in complete)})"
+                if complete
+                else "no communicator completed init"
+            )
+            out.append(
+                Flag(
+                    "no_collective",
+                    ERROR,
+                    f"{tag}: no collective ran: {done}, but the log has no channel connection line "
+                    "('Channel NN/N : a[..] -> b[..] via ...', printed when a collective first "
+                    "connects), no 'Connected all rings/trees', no TUNING 'Bytes -> Algo' and no COLL "
+                    f"'opCount' line; the log ends with {_cut(log.last_line)!r}",
+                    (who,),
+                    ", ".join(c.label for c in complete),
+                    where,
+                    _cut(log.last_line),
+                )
+            )
+    if not any(log.collective_evidence for log in logs) and not any(f.code == "no_collective" for f in out):
+        out.append(
+            Flag(
+                "no_collective",
+                ERROR,
+                f"no collective ran: none of the {len(logs)} log(s) shows a communicator init, a channel "
+                "connection, 'Connected all rings/trees', a TUNING algo or a COLL opCount line",
+                tuple(_who(log) for log in logs),
+            )
+        )
+    out += _missing_ranks(logs)
+    return out
+
+
+def _missing_ranks(logs: list[ProcessLog]) -> list[Flag]:
+    """Communicators (by commId) of nranks N with fewer than N ranks among the logs found."""
+    seen: dict[str, dict[int, tuple[ProcessLog, Comm]]] = {}
+    nranks: dict[str, int] = {}
+    for log in logs:
+        for c in log.comms.values():
+            if c.comm_id is None or c.rank is None or c.nranks is None:
+                continue
+            seen.setdefault(c.comm_id, {})[c.rank] = (log, c)
+            nranks[c.comm_id] = max(nranks.get(c.comm_id, 0), c.nranks)
+    out = []
+    for cid, ranks in seen.items():
+        missing = sorted(set(range(nranks[cid])) - set(ranks))
+        if not missing:
+            continue
+        log, c = ranks[min(ranks)]
+        have = ", ".join(f"{r} ({_where(lg)})" for r, (lg, _) in sorted(ranks.items()))
+        shown = ", ".join(map(str, missing[:16])) + (
+            f" and {len(missing) - 16} more" if len(missing) > 16 else ""
+        )
+        out.append(
+            Flag(
+                "ranks_missing",
+                ERROR,
+                f"commId {cid} (nranks {nranks[cid]}): no log of rank(s) {shown} among {len(logs)} file(s); "
+                f"seen: rank(s) {have}; e.g. {_cut(c.init_start or '')!r}",
+                tuple(missing),
+                f"commId {cid}",
+                _where(log),
+                _cut(c.init_start or ""),
+            )
+        )
+    return out
 
 
 def _spans_hosts(comm: Comm, hosts: dict[tuple[str, int], str]) -> bool:

@@ -124,6 +124,9 @@ def nccl_lines(nccl: dict[str, Any] | None) -> list[str]:
             out.append(f"    {coll}: " + ", ".join(f"{a} x{n}" for a, n in algos.items()))
     for f in nccl.get("flags", []):
         out.append(f"  [{str(f.get('severity', '')).upper()}] {f.get('code')}: {f.get('detail')}")
+    out.append(
+        f"NCCL profile verdict: {'PASS' if nccl.get('ok') else 'FAIL'} ({len(nccl.get('flags', []))} flag(s))"
+    )
     return out
 
 
