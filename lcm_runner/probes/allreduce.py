@@ -181,7 +181,8 @@ def worker(local_rank: int, cfg: SweepConfig, out_path: str) -> None:
 
     rank = cfg.node_rank * cfg.local_world + local_rank
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    init = f"tcp://{cfg.master_addr}:{cfg.master_port}"
+    host = f"[{cfg.master_addr}]" if ":" in cfg.master_addr else cfg.master_addr  # an IPv6 address
+    init = f"tcp://{host}:{cfg.master_port}"
     if cfg.backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
