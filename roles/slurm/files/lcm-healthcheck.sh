@@ -5,6 +5,9 @@
 #   fabric: every HCA in LCM_HC_IB_HCAS has an ACTIVE port 1 at >= LCM_HC_IB_RATE_GBPS (skipped when none)
 #   storage: the checkpoint mount is there (nfs: an nfs mount; existing: a mount point) and
 #            LCM_HC_CHECKPOINT_DIR is a writable directory
+#   health: when GPUs are expected (LCM_HC_HEALTH=1) and both LCM_HC_HEALTH_EXPECT (roles/node_health's
+#           /etc/lcm/node-health.json) and LCM_HC_RUNNER exist: `lcm-runner health check --expect ... --drain`
+#           (GPU state, NVLink, XIDs, Fabric Manager, HCAs; docs/health.md), bounded by LCM_HC_HEALTH_TIMEOUT_S
 # On failure it prints the reasons, drains the node with them (unless LCM_HC_DRAIN=0) and exits 1.
 # Usage: lcm-healthcheck.sh [CONF]   (default /etc/slurm/lcm-healthcheck.conf; env LCM_HC_CONF)
 set -u
@@ -19,6 +22,8 @@ source "$conf"
 : "${LCM_HC_GPU_COUNT:=0}" "${LCM_HC_IB_HCAS:=}" "${LCM_HC_IB_RATE_GBPS:=0}" "${LCM_HC_IB_PORT:=1}"
 : "${LCM_HC_STORAGE_TYPE:=lab_shared}" "${LCM_HC_MOUNTPOINT:=}" "${LCM_HC_CHECKPOINT_DIR:=}"
 : "${LCM_HC_DRAIN:=1}" "${LCM_HC_SYSFS_IB:=/sys/class/infiniband}"
+: "${LCM_HC_HEALTH:=0}" "${LCM_HC_HEALTH_EXPECT:=/etc/lcm/node-health.json}"
+: "${LCM_HC_RUNNER:=/opt/lcm/venv/bin/lcm-runner}" "${LCM_HC_HEALTH_TIMEOUT_S:=60}"
 
 failures=()
 
@@ -89,9 +94,29 @@ check_storage() {
     fi
 }
 
+check_health() {
+    [[ "$LCM_HC_HEALTH" == 1 ]] || return 0
+    [[ -r "$LCM_HC_HEALTH_EXPECT" && -x "$LCM_HC_RUNNER" ]] || return 0
+    local out rc names drain=()
+    [[ "$LCM_HC_DRAIN" == 1 ]] && drain=(--drain)
+    out="$(timeout "$LCM_HC_HEALTH_TIMEOUT_S" "$LCM_HC_RUNNER" health check --expect "$LCM_HC_HEALTH_EXPECT" \
+        "${drain[@]}" 2>&1)"
+    rc=$?
+    case $rc in
+        0) ;;
+        1)
+            names="$(awk '$1 == "FAIL" {sub(/:$/, "", $2); printf "%s%s", sep, $2; sep=","}' <<<"$out")"
+            failures+=("health: ${names:-lcm-runner health check failed}")
+            ;;
+        124) failures+=("health: lcm-runner health check timed out after ${LCM_HC_HEALTH_TIMEOUT_S}s") ;;
+        *) failures+=("health: lcm-runner health check exited $rc: $(tail -n1 <<<"$out")") ;;
+    esac
+}
+
 check_gpus
 check_fabric
 check_storage
+check_health
 
 if [[ ${#failures[@]} -eq 0 ]]; then
     exit 0
