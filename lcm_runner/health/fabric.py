@@ -58,7 +58,7 @@ def parse_ibstat(text: str) -> dict[tuple[str, int], HcaPort]:
     return out
 
 
-def _sysfs_word(text: str) -> str:
+def sysfs_word(text: str) -> str:
     """'4: ACTIVE' -> 'Active', '5: LinkUp' -> 'LinkUp' (ibstat's spelling)."""
     word = text.split(":", 1)[-1].strip()
     return word.capitalize() if word.isupper() else word
@@ -82,8 +82,8 @@ def read_sysfs(root: Path, hcas: tuple[str, ...], port: int) -> dict[tuple[str, 
         out[(hca, port)] = HcaPort(
             hca,
             port,
-            _sysfs_word(read("state")),
-            _sysfs_word(read("phys_state")),
+            sysfs_word(read("state")),
+            sysfs_word(read("phys_state")),
             float(rate.group(1)) if rate else None,
             read("link_layer"),
         )

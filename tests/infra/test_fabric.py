@@ -13,7 +13,7 @@ import pytest
 from conftest import cluster_spec
 
 from lcm_runner.health.expect import FabricExpect
-from lcm_runner.health.fabric import HcaPort, _sysfs_word, check_fabric, parse_ibstat
+from lcm_runner.health.fabric import HcaPort, check_fabric, parse_ibstat, sysfs_word
 
 pytestmark = pytest.mark.groups("compute")
 
@@ -40,8 +40,8 @@ def _sysfs_ports(host: Any, fabric: FabricExpect) -> dict[tuple[str, int], HcaPo
         ports[(hca, fabric.port)] = HcaPort(
             hca,
             fabric.port,
-            _sysfs_word(read("state")),
-            _sysfs_word(read("phys_state")),
+            sysfs_word(read("state")),
+            sysfs_word(read("phys_state")),
             float(rate),
             read("link_layer"),
         )
