@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import filter_loader
 from ansible.template import Templar, trust_as_template
 
 from lcm_runner.spec import fill_defaults
@@ -47,8 +48,16 @@ def validated(variables: dict[str, Any]) -> dict[str, Any]:
     return variables
 
 
+def _role_filters(role: str) -> None:
+    """Make the role's own filter_plugins visible, as Ansible does when the role runs."""
+    path = ROLES / role / "filter_plugins"
+    if path.is_dir():
+        filter_loader.add_directory(str(path))
+
+
 def render(role: str, template: str, variables: dict[str, Any]) -> str:
     """Render roles/<role>/templates/<template> with the role's variables overridden by `variables`."""
+    _role_filters(role)
     variables = validated(variables)
     all_vars = {"ansible_managed": "managed by lcm-infra", **role_vars(role), **variables}
     templar = Templar(loader=DataLoader(), variables=all_vars)
@@ -58,6 +67,7 @@ def render(role: str, template: str, variables: dict[str, Any]) -> str:
 
 def evaluate(role: str, expression: str, variables: dict[str, Any]) -> Any:
     """Evaluate a Jinja expression (e.g. a role variable) in the role's variable context."""
+    _role_filters(role)
     variables = validated(variables)
     all_vars = {**role_vars(role), **variables}
     templar = Templar(loader=DataLoader(), variables=all_vars)

@@ -54,6 +54,7 @@ def _h200() -> dict:
     spec["gpu"].update(model="h200", count_per_node=8, gres_type="h200")
     spec["slurm"].pop("proctrack_type")
     spec["slurm"].pop("task_plugin")
+    spec["slurm"].pop("node_slots")
     return spec
 
 
@@ -96,14 +97,14 @@ def test_realmemory_reserve_is_configurable() -> None:
 def test_gres_conf_static_without_nvml() -> None:
     text = render("slurm", "gres.conf.j2", _vars(_h200(), _slurm_has_nvml=False))
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert lines == ["NodeName=gpu01,gpu02 Name=gpu Type=h200 File=/dev/nvidia[0-7]"]
+    assert lines == ["Name=gpu Type=h200 File=/dev/nvidia[0-7]"]
 
 
 def test_gres_conf_autodetect_with_nvml() -> None:
     text = render("slurm", "gres.conf.j2", _vars(_h200(), _slurm_has_nvml=True))
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert lines[0] == "AutoDetect=nvml"
-    assert lines[1] == "NodeName=gpu01,gpu02 Name=gpu Type=h200 Count=8"
+    assert lines[1] == "Name=gpu Type=h200 Count=8"
 
 
 def test_gres_conf_empty_without_gpus() -> None:
@@ -211,3 +212,88 @@ def test_daemons_bind_the_cluster_interface_unless_the_spec_says_otherwise() -> 
     new = render("slurm", "slurm.conf.j2", _vars(LAB))
     # a listening change needs the daemons restarted, not scontrol reconfigure
     assert slurm_conf_filter.slurm_restart_keys_changed(old, new, RESTART_KEYS) == ["CommunicationParameters"]
+
+
+def _nodes(text: str) -> dict[str, str]:
+    """NodeName -> the rest of its line."""
+    return {line.split()[0].split("=", 1)[1]: line for line in _conf(text).get("nodename", [])}
+
+
+def _partition_nodes(text: str) -> list[str]:
+    line = _conf(text)["partitionname"][0]
+    return next(w for w in line.split() if w.startswith("Nodes=")).removeprefix("Nodes=").split(",")
+
+
+def _slots(spec: dict, slots: str) -> dict:
+    spec = copy.deepcopy(spec)
+    spec["slurm"]["node_slots"] = slots
+    return spec
+
+
+def test_free_slots_are_future_lines_with_the_reference_hardware() -> None:
+    text = render("slurm", "slurm.conf.j2", _vars(_slots(_h200(), "gpu[01-04]")))
+    nodes = _nodes(text)
+    assert sorted(nodes) == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert nodes["gpu01"].endswith("State=UNKNOWN") and nodes["gpu02"].endswith("State=UNKNOWN")
+    hw = nodes["gpu01"].removeprefix("NodeName=gpu01 ").removesuffix(" State=UNKNOWN")
+    assert nodes["gpu03"] == f"NodeName=gpu03 {hw} State=FUTURE"
+    assert _partition_nodes(text) == ["gpu01", "gpu02"]
+
+
+def test_joining_and_leaving_hosts_are_future_and_in_no_partition() -> None:
+    spec = _slots(_h200(), "gpu[01-04]")
+    joining = render("slurm", "slurm.conf.j2", _vars(spec, slurm_joining_nodes=["gpu02"]))
+    assert _nodes(joining)["gpu02"].endswith("State=FUTURE")
+    assert _partition_nodes(joining) == ["gpu01"]
+    leaving = render("slurm", "slurm.conf.j2", _vars(spec, slurm_leaving_nodes=["gpu02"]))
+    assert _nodes(leaving)["gpu02"].endswith("State=FUTURE") and _partition_nodes(leaving) == ["gpu01"]
+    # a host outside the slots still gets a FUTURE line while it joins: the node table does not change
+    outside = render("slurm", "slurm.conf.j2", _vars(_h200(), slurm_joining_nodes=["gpu02"]))
+    assert sorted(_nodes(outside)) == ["gpu01", "gpu02"]
+
+
+def test_a_failed_burn_in_enters_drained_with_its_reason() -> None:
+    reasons = {"gpu02": 'lcm-burn-in: gemm_tflops 310.2 < 650 "GPU 3"\nsecond line'}
+    text = render("slurm", "slurm.conf.j2", _vars(_slots(_h200(), "gpu[01-04]"), slurm_node_reasons=reasons))
+    line = _nodes(text)["gpu02"]
+    assert line.endswith('State=DRAIN Reason="lcm-burn-in: gemm_tflops 310.2 < 650 GPU 3 second line"')
+    assert "gpu02" in _partition_nodes(text)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "restart"),
+    [
+        # join: a slot becomes a node, enters drained, leaves again: scontrol reconfigure
+        ({}, {"slurm_joining_nodes": ["gpu02"]}, []),
+        ({"slurm_joining_nodes": ["gpu02"]}, {}, []),
+        ({"slurm_joining_nodes": ["gpu02"]}, {"slurm_node_reasons": {"gpu02": "lcm-burn-in: x"}}, []),
+        ({}, {"slurm_leaving_nodes": ["gpu02"]}, []),
+    ],
+)
+def test_joining_or_leaving_a_slot_is_a_reconfigure(before: dict, after: dict, restart: list[str]) -> None:
+    spec = _slots(_h200(), "gpu[01-04]")
+    old = render("slurm", "slurm.conf.j2", _vars(spec, **before))
+    new = render("slurm", "slurm.conf.j2", _vars(spec, **after))
+    assert old != new
+    assert slurm_conf_filter.slurm_restart_keys_changed(old, new, RESTART_KEYS) == restart
+
+
+def test_a_name_outside_the_slots_changes_the_node_table_and_needs_a_restart() -> None:
+    two = render("slurm", "slurm.conf.j2", _vars(_h200(), groups={"controller": ["ctl"], "compute": ["gpu01"]}))
+    three = render("slurm", "slurm.conf.j2", _vars(_h200()))
+    assert slurm_conf_filter.slurm_restart_keys_changed(two, three, RESTART_KEYS) == ["NodeName"]
+    # the same growth inside the slots is a reconfigure
+    spec = _slots(_h200(), "gpu[01-04]")
+    two = render("slurm", "slurm.conf.j2", _vars(spec, groups={"controller": ["ctl"], "compute": ["gpu01"]}))
+    three = render("slurm", "slurm.conf.j2", _vars(spec))
+    assert slurm_conf_filter.slurm_restart_keys_changed(two, three, RESTART_KEYS) == []
+
+
+def test_hostlist_and_sinfo_filters() -> None:
+    assert slurm_conf_filter.slurm_hostlist_expand("") == []
+    assert slurm_conf_filter.slurm_hostlist_expand("lab-node[1-3]") == ["lab-node1", "lab-node2", "lab-node3"]
+    states = slurm_conf_filter.slurm_node_states("lab-node1|idle|none\nlab-node2|drained*|lcm-burn-in: gemm\n")
+    assert states == {
+        "lab-node1": {"state": "idle", "reason": "none"},
+        "lab-node2": {"state": "drained", "reason": "lcm-burn-in: gemm"},
+    }

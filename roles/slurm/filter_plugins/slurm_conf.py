@@ -8,7 +8,16 @@ either the reconfigure handler or the restart handler.
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Iterable
+
+from lcm_runner.spec.hostlist import expand
+
+# A node's state in slurm.conf (State=FUTURE/UNKNOWN/DRAIN, Reason=...): changing only these on an existing
+# NodeName line is applied by `scontrol reconfigure` (measured on Slurm 22.05: FUTURE <-> UNKNOWN/DRAIN
+# transitions keep every other node and job as they are; docs/nodes.md).
+_STATE_KEYS = ("state", "reason")
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -38,19 +47,54 @@ def slurm_conf_entries(text: str) -> dict[str, list[str]]:
     return entries
 
 
+def node_table(lines: list[str]) -> list[str]:
+    """NodeName lines without their State= and Reason= words, sorted: the node table Slurm 22.05 can only
+    change with a restart (names and hardware), whatever the nodes' states."""
+    table = []
+    for line in lines:
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        kept = [w for w in words if w.split("=", 1)[0].lower() not in _STATE_KEYS]
+        table.append(" ".join(kept))
+    return sorted(table)
+
+
 def slurm_restart_keys_changed(old: str, new: str, keys: Iterable[str]) -> list[str]:
     """Names of the restart-only keys whose lines differ between two slurm.conf texts.
 
-    An empty old text (first install) counts as every present key changed.
+    NodeName lines are compared as the node table (names and hardware, not State/Reason), so a node moving
+    between FUTURE and in service is a reconfigure. An empty old text (first install) counts as every
+    present key changed.
     """
     old_entries = slurm_conf_entries(old or "")
     new_entries = slurm_conf_entries(new or "")
     changed = []
     for key in keys:
         k = key.lower()
-        if old_entries.get(k, []) != new_entries.get(k, []):
+        before, after = old_entries.get(k, []), new_entries.get(k, [])
+        if k == "nodename":
+            if node_table(before) != node_table(after):
+                changed.append(key)
+        elif before != after:
             changed.append(key)
     return changed
+
+
+def slurm_hostlist_expand(expression: str) -> list[str]:
+    """Names of a Slurm hostlist ('' -> [])."""
+    return expand(expression) if expression and expression.strip() else []
+
+
+def slurm_node_states(sinfo: str) -> dict[str, dict[str, str]]:
+    """`sinfo --noheader --Node --format=%N|%T|%E` (or `%N|%T`) -> {node: {state, reason}}."""
+    states: dict[str, dict[str, str]] = {}
+    for line in sinfo.splitlines():
+        parts = line.strip().split("|", 2)
+        if len(parts) >= 2 and parts[0]:
+            states[parts[0]] = {"state": re.sub(r"[*~#%$@^!+-]+$", "", parts[1]), "reason": (parts[2:] or [""])[0]}
+    return states
 
 
 class FilterModule:
@@ -58,4 +102,6 @@ class FilterModule:
         return {
             "slurm_conf_entries": slurm_conf_entries,
             "slurm_restart_keys_changed": slurm_restart_keys_changed,
+            "slurm_hostlist_expand": slurm_hostlist_expand,
+            "slurm_node_states": slurm_node_states,
         }
