@@ -38,6 +38,20 @@ CUDA_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 # hosts); Grafana and DCGM come from the lock's artifacts (layer_needs).
 MONITORING_PACKAGES = ("prometheus-node-exporter", "prometheus", "prometheus-alertmanager")
 
+# Debian packages built from the driver's own sources (nvidia-graphics-drivers,
+# nvidia-open-gpu-kernel-modules): each one the inventory installs must carry the driver's upstream
+# version (the kernel module loads only with the user space of its release; the open modules need the GSP
+# firmware of their release).
+DRIVER_RELEASE_PACKAGES = (
+    "nvidia-kernel-dkms",
+    "nvidia-open-kernel-dkms",
+    "nvidia-smi",
+    "firmware-nvidia-gsp",
+)
+KERNEL_MODULE_FLAVOURS = ("open", "proprietary")
+# GPU models whose driver runs only with the open kernel modules (Blackwell).
+OPEN_ONLY_MODELS = ("b200",)
+
 # Public role settings the lock needs depend on (the inventory may override each; absent = the role's
 # default from roles/<role>/defaults/main.yml).
 SETTINGS = {
@@ -46,6 +60,8 @@ SETTINGS = {
     "nvidia_driver_artifact": "nvidia_driver",
     "nvidia_driver_fabric_manager_artifact": "nvidia_driver",
     "nvidia_driver_debian_packages": "nvidia_driver",
+    "nvidia_driver_kernel_module": "nvidia_driver",
+    "nvidia_driver_debian_kernel_packages": "nvidia_driver",
     "rdma_stack": "rdma",
     "rdma_inbox_packages": "rdma",
     "rdma_doca_artifact": "rdma",
@@ -91,6 +107,23 @@ def upstream_version(version: str) -> str:
 
 def _vtuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def nvidia_debian_packages(settings: Mapping[str, Any]) -> list[str]:
+    """roles/nvidia_driver vars/main.yml _nvidia_driver_debian_install: nvidia_driver_debian_packages with the
+    kernel module package of nvidia_driver_kernel_module (from nvidia_driver_debian_kernel_packages)."""
+    kernel = settings["nvidia_driver_debian_kernel_packages"] or {}
+    flavour = kernel.get(settings["nvidia_driver_kernel_module"]) if isinstance(kernel, Mapping) else None
+    others = set(kernel.values()) if isinstance(kernel, Mapping) else set()
+    base = [str(n) for n in settings["nvidia_driver_debian_packages"] if n not in others]
+    return base + ([str(flavour)] if flavour else [])
+
+
+def _driver_entry(s: Mapping[str, Any]) -> tuple[str, str]:
+    """The lock entry whose version is the driver version (roles/nvidia_driver vars/main.yml)."""
+    if s["nvidia_driver_source"] == "debian":
+        return ("packages", str(s["nvidia_driver_debian_packages"][0]))
+    return ("artifacts", str(s["nvidia_driver_artifact"]))
 
 
 def check_lock(lock: Any) -> list[SpecError]:
@@ -139,7 +172,7 @@ def layer_needs(cluster: Mapping[str, Any], settings: Mapping[str, Any]) -> list
         need("base", "packages", settings["common_packages"])
     if layers["nvidia"]:
         if settings["nvidia_driver_source"] == "debian":
-            need("nvidia", "packages", settings["nvidia_driver_debian_packages"])
+            need("nvidia", "packages", nvidia_debian_packages(settings))
         else:
             need("nvidia", "artifacts", [settings["nvidia_driver_artifact"]])
             need("nvidia", "packages", ["dkms"])  # roles/nvidia_driver/tasks/install.yml (artifact path)
@@ -205,16 +238,81 @@ def lock_errors(
     if errors:
         return errors
     s = role_settings(settings)
+    errors += _nvidia_settings(cluster, s)
+    hints = _missing_hints(cluster, lock, s)
     missing: dict[tuple[str, str], list[str]] = {}
     for layer, kind, name in layer_needs(cluster, s):
         if (lock.get(kind) or {}).get(name) is None:
             missing.setdefault((kind, name), []).append(layer)
     for (kind, name), by in missing.items():
         layers = ", ".join(f"cluster.layers.{layer}" for layer in dict.fromkeys(by))
+        hint = hints.get((kind, name), "")
         errors.append(
-            SpecError(_path(kind, name), None, f"an entry: {layers} is true and installs it from the lock")
+            SpecError(
+                _path(kind, name), None, f"an entry: {layers} is true and installs it from the lock{hint}"
+            )
         )
     return errors + _pairs(cluster, lock, s)
+
+
+def _nvidia_settings(cluster: Mapping[str, Any], s: Mapping[str, Any]) -> list[SpecError]:
+    """nvidia_driver_kernel_module: a known flavour, open on Blackwell; a Debian package for it."""
+    if not cluster["layers"]["nvidia"]:
+        return []
+    flavour, model = s["nvidia_driver_kernel_module"], cluster["gpu"]["model"]
+    if flavour not in KERNEL_MODULE_FLAVOURS:
+        return [SpecError("nvidia_driver_kernel_module", flavour, "open or proprietary")]
+    if flavour != "open" and model in OPEN_ONLY_MODELS:
+        return [
+            SpecError(
+                "nvidia_driver_kernel_module",
+                flavour,
+                f"open: cluster.gpu.model is {model} (Blackwell), whose GPUs run only with the open "
+                "kernel modules",
+            )
+        ]
+    kernel = s["nvidia_driver_debian_kernel_packages"]
+    if s["nvidia_driver_source"] == "debian" and not (isinstance(kernel, Mapping) and kernel.get(flavour)):
+        return [
+            SpecError(
+                "nvidia_driver_debian_kernel_packages",
+                kernel,
+                f"a Debian package for nvidia_driver_kernel_module={flavour} "
+                "(e.g. open: nvidia-open-kernel-dkms)",
+            )
+        ]
+    return []
+
+
+def _missing_hints(
+    cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, Any]
+) -> dict[tuple[str, str], str]:
+    """What a missing nvidia entry must be: the version it must have, from the driver's entry."""
+    if not cluster["layers"]["nvidia"]:
+        return {}
+    driver = _driver_entry(s)
+    version = _version(lock, *driver)
+    out: dict[tuple[str, str], str] = {}
+    source = f"nvidia_driver_source={s['nvidia_driver_source']}"
+    out[driver] = f" ({source}: the driver version every check expects)"
+    if version is None:
+        return out
+    at = f"at the driver's version {upstream_version(version)} ({_path(*driver)} {version})"
+    if cluster["gpu"]["nvswitch"]:
+        fm = ("artifacts", str(s["nvidia_driver_fabric_manager_artifact"]))
+        out[fm] = f"; cluster.gpu.nvswitch is true: Fabric Manager {at}"
+    if s["nvidia_driver_source"] == "debian":
+        for name in nvidia_debian_packages(s):
+            if name in DRIVER_RELEASE_PACKAGES:
+                extra = (
+                    "; Debian 12 has it in contrib (source nvidia-open-gpu-kernel-modules)"
+                    if name == "nvidia-open-kernel-dkms"
+                    else ""
+                )
+                out[("packages", name)] = (
+                    f" ({source}, nvidia_driver_kernel_module={s['nvidia_driver_kernel_module']}) {at}{extra}"
+                )
+    return out
 
 
 def _same(
@@ -238,15 +336,14 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
     layers, gpu = cluster["layers"], cluster["gpu"]
     e: list[SpecError] = []
     debian = s["nvidia_driver_source"] == "debian"
-    driver = (
-        ("packages", s["nvidia_driver_debian_packages"][0])
-        if debian
-        else ("artifacts", s["nvidia_driver_artifact"])
-    )
+    driver = _driver_entry(s)
     driver_version = _version(lock, *driver)
     if layers["nvidia"] and gpu["nvswitch"]:
         fm = ("artifacts", s["nvidia_driver_fabric_manager_artifact"])
         e += _same(lock, "Fabric Manager must equal the driver version", [driver, fm], upstream=True)
+    if layers["nvidia"] and debian:
+        release = [("packages", n) for n in nvidia_debian_packages(s) if n in DRIVER_RELEASE_PACKAGES]
+        e += _same(lock, "built from the driver's release", [driver, *release], upstream=True)
     if layers["slurm"]:
         slurm = [*role_value("slurm", "_slurm_packages_common"), "slurmctld", "slurmd"]
         if layers["pyxis"]:
