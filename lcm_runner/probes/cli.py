@@ -156,7 +156,7 @@ def devices_check(exp: Expectation, gpus: int, names: list[str]) -> ProbeResult:
     if gpus != exp.gpu_count:
         res.fail(f"expected {exp.gpu_count} GPUs ({exp.gpu_model}), this process sees {gpus}")
     else:
-        res.reason = f"{gpus} GPUs visible, as expected ({exp.gpu_model})"
+        res.reason = f"{gpus} GPU{'s' if gpus != 1 else ''} visible, as expected ({exp.gpu_model})"
     return res
 
 

@@ -1,7 +1,8 @@
 """Matrix-product throughput per local device: C = A @ B, n x n, FLOPs = 2 n^3 per product.
 
-GPU: bf16 at n = gemm_n (default 8192), 10 warm-up products then 50 timed with CUDA events, on each
-local GPU in turn. CPU: fp32 at n = 1024 (bf16 on CPU measures a slow path, not the machine).
+GPU: bf16 at n = gemm_n (default 8192), warm-up products for 1 s (at least 10: the clocks settle),
+then 100 timed with CUDA events, on each local GPU in turn. CPU: fp32 at n = 1024 (bf16 on CPU
+measures a slow path, not the machine).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .timing import Device, release, time_per_call
 
 UNIT = "TFLOP/s"
 CPU_N = 1024
-GPU_WARMUP, GPU_REPEATS = 10, 50
+GPU_WARMUP, GPU_REPEATS, GPU_WARMUP_S = 10, 100, 1.0
 CPU_WARMUP, CPU_REPEATS = 2, 5
 
 
@@ -26,7 +27,8 @@ class GemmMeasurement:
     device: str
     n: int
     dtype: str
-    warmup: int
+    warmup: int  # at least this many untimed products
+    warmup_s: float  # and for at least this long
     repeats: int
     seconds_per_product: float
     tflops: float
@@ -45,16 +47,25 @@ def measure(device: Device, n: int, warmup: int | None = None, repeats: int | No
     dtype = torch.bfloat16 if gpu else torch.float32
     warmup = (GPU_WARMUP if gpu else CPU_WARMUP) if warmup is None else warmup
     repeats = (GPU_REPEATS if gpu else CPU_REPEATS) if repeats is None else repeats
+    warmup_s = GPU_WARMUP_S if gpu else 0.0
     gen = torch.Generator(device=dev).manual_seed(0)
     bufs = [torch.randn(n, n, device=dev, dtype=dtype, generator=gen) for _ in range(2)]
     bufs.append(torch.empty(n, n, device=dev, dtype=dtype))
     try:
-        sec = time_per_call(lambda: torch.matmul(bufs[0], bufs[1], out=bufs[2]), dev, warmup, repeats)
+        product = lambda: torch.matmul(bufs[0], bufs[1], out=bufs[2])  # noqa: E731
+        sec = time_per_call(product, dev, warmup, repeats, warmup_s)
     finally:
         bufs.clear()
         release(dev)
     return GemmMeasurement(
-        device.label, n, str(dtype).removeprefix("torch."), warmup, repeats, sec, gemm_flops(n) / sec / 1e12
+        device.label,
+        n,
+        str(dtype).removeprefix("torch."),
+        warmup,
+        warmup_s,
+        repeats,
+        sec,
+        gemm_flops(n) / sec / 1e12,
     )
 
 

@@ -51,11 +51,19 @@ def uses_gpu(devices: list[Device]) -> bool:
     return devices[0].torch_device.startswith("cuda")
 
 
-def time_per_call(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
-    """Seconds per call of fn: `warmup` calls untimed, then `repeats` calls timed together (CUDA events
-    on the device's current stream after a synchronize; the host clock on CPU)."""
-    for _ in range(warmup):
+def time_per_call(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeats: int, warmup_s: float = 0.0
+) -> float:
+    """Seconds per call of fn: `warmup` calls untimed (and more until `warmup_s` seconds have passed:
+    the clocks and the power state settle), then `repeats` calls timed together (CUDA events on the
+    device's current stream after a synchronize; the host clock on CPU)."""
+    t_warm = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - t_warm < warmup_s:
         fn()
+        done += 1
+        if device.type == "cuda" and done >= warmup and warmup_s > 0:
+            torch.cuda.synchronize(device)  # the host clock measures the GPU's work, not the queueing
     if device.type == "cuda":
         with torch.cuda.device(device):
             torch.cuda.synchronize(device)
