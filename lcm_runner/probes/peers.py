@@ -44,10 +44,10 @@ def load_peers(directory: str | Path, node: str) -> Peers:
             continue
         try:
             doc = json.loads(f.read_text(encoding="utf-8"))
-            results = doc["results"]
+            results = doc["checks"]
             other = str(doc.get("node") or f.stem)
             if not isinstance(results, list):
-                raise TypeError("results is not a list")
+                raise TypeError("checks is not a list")
         except (OSError, ValueError, KeyError, TypeError) as e:
             peers.ignored.append(f"{f.name}: {type(e).__name__}: {e}")
             continue

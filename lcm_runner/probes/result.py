@@ -28,12 +28,20 @@ class ProbeResult:
     duration_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """value and per_gpu to 6 significant digits (details keep the measurements' full precision)."""
+        d = asdict(self)
+        d["value"] = _round(self.value)
+        d["per_gpu"] = [_round(v) for v in self.per_gpu] if self.per_gpu is not None else None
+        return d
 
     def fail(self, why: str) -> None:
         """Mark failed, keeping the earlier reasons (a figure can fail for several)."""
         self.reason = why if self.status != FAIL else f"{self.reason}; {why}"
         self.status = FAIL
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else float(f"{v:.6g}")
 
 
 def fmt(v: float | None) -> str:

@@ -1,14 +1,17 @@
 """lcm_runner.probes: the expectation file, the threshold and neighbour checks, the peer comparison,
-the busbw formula, and real CPU runs of the GEMM and copy probes through `lcm-runner probe` (small
-sizes; thresholds 0 or 1e9 so that no outcome depends on this machine's speed)."""
+the busbw formula, and real runs of the GEMM and copy probes through `lcm-runner probe` (small sizes;
+thresholds 0 or 1e9 so that no outcome depends on this machine's speed). On CPU here; on a GPU machine
+the same tests run the GPU path (bf16, HBM) on every visible GPU."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from lcm_runner.cli import build_parser
 from lcm_runner.probes import allreduce, peers
@@ -17,13 +20,14 @@ from lcm_runner.probes.expect import ExpectationError, parse_expectation
 from lcm_runner.probes.result import FAIL, PASS, SKIP, ProbeResult, evaluate
 
 SMALL = ["--gemm-n", "128", "--copy-mib", "4", "--allreduce-max-mib", "1"]
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def expectation(**probes: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema": 1,
         "node": "lab-node1",
-        "gpu": {"model": "none", "count": 0, "memory_gib": 0},
+        "gpu": {"model": "h200" if GPUS else "none", "count": GPUS, "memory_gib": 0},
         "probes": {
             "gemm_tflops": 0.0,
             "copy_gbps": 0.0,
@@ -147,7 +151,12 @@ def test_missing_threshold_of_a_selected_probe_exits_2(
 
 def test_the_expectation_keeps_the_contract_fields() -> None:
     exp = parse_expectation(expectation(gemm_tflops=650.0), "x.json")
-    assert (exp.node, exp.gpu_model, exp.gpu_count, exp.peer_ratio) == ("lab-node1", "none", 0, 0.8)
+    assert (exp.node, exp.gpu_model, exp.gpu_count, exp.peer_ratio) == (
+        "lab-node1",
+        "h200" if GPUS else "none",
+        GPUS,
+        0.8,
+    )
     assert exp.thresholds["gemm_tflops"] == 650.0 and (exp.gemm_n, exp.copy_mib) == (8192, 4096)
     with pytest.raises(ExpectationError, match=r"x\.json: node"):
         parse_expectation({**expectation(), "node": ""}, "x.json")
@@ -178,7 +187,7 @@ def test_missing_expectation_file_exits_2(tmp_path: Path, capsys: pytest.Capture
     assert "nope.json: cannot read the expectation file" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- real CPU runs
+# ----------------------------------------------------------------------------- real runs
 
 
 def test_registered_as_lcm_runner_probe() -> None:
@@ -187,7 +196,7 @@ def test_registered_as_lcm_runner_probe() -> None:
     assert "probe" in choices and "unavailable" not in choices["probe"].get_default("func").__name__
 
 
-def test_cpu_gemm_and_copy_pass_a_zero_threshold_with_json_and_markdown(
+def test_gemm_and_copy_pass_a_zero_threshold_with_json_and_markdown(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_expect(tmp_path, expectation())
@@ -199,21 +208,25 @@ def test_cpu_gemm_and_copy_pass_a_zero_threshold_with_json_and_markdown(
     doc = json.loads(out.read_text())
     assert doc["schema"] == 1 and doc["node"] == "lab-node1" and doc["status"] == "pass"
     env = doc["environment"]
-    assert env["torch"] and env["device_type"] == "cpu" and "nccl" in env and "cuda" in env
-    assert env["devices"][0]["label"] == "cpu"
-    by = {r["name"]: r for r in doc["results"]}
-    assert set(by) == {"gemm", "copy"}  # no devices check: the expectation counts 0 GPUs
+    assert env["torch"] == torch.__version__ and "nccl" in env and "cuda" in env
+    assert env["device_type"] == ("cuda" if GPUS else "cpu")
+    assert [d["label"] for d in env["devices"]] == ([f"GPU {i}" for i in range(GPUS)] if GPUS else ["cpu"])
+    by = {r["name"]: r for r in doc["checks"]}
+    # the devices check only where GPUs are expected (the CPU lab's expectation counts 0)
+    assert set(by) == {"gemm", "copy"} | ({"devices"} if GPUS else set())
     gemm, copy = by["gemm"], by["copy"]
     assert gemm["unit"] == "TFLOP/s" and gemm["value"] > 0 and gemm["status"] == "pass"
-    (m,) = gemm["details"]["measurements"]
-    assert (m["n"], m["dtype"]) == (128, "float32")
-    assert m["tflops"] == pytest.approx(2 * 128**3 / m["seconds_per_product"] / 1e12)
+    assert len(gemm["details"]["measurements"]) == max(GPUS, 1)
+    for m in gemm["details"]["measurements"]:
+        assert (m["n"], m["dtype"]) == (128, "bfloat16" if GPUS else "float32")
+        assert m["tflops"] == pytest.approx(2 * 128**3 / m["seconds_per_product"] / 1e12)
+    assert gemm["value"] == pytest.approx(min(m["tflops"] for m in gemm["details"]["measurements"]), rel=1e-5)
     assert copy["unit"] == "GB/s" and copy["value"] > 0
-    (c,) = copy["details"]["measurements"]
-    assert c["bytes"] == 4 * 2**20 and c["gbps"] == pytest.approx(
-        2 * c["bytes"] / c["seconds_per_copy"] / 1e9
-    )
-    assert gemm["per_gpu"] is None and gemm["threshold"] == 0.0 and "no floor" in gemm["reason"]
+    for c in copy["details"]["measurements"]:
+        assert c["bytes"] == 4 * 2**20
+        assert c["gbps"] == pytest.approx(2 * c["bytes"] / c["seconds_per_copy"] / 1e9)
+    assert (gemm["per_gpu"] is None) == (GPUS < 2)
+    assert gemm["threshold"] == 0.0 and "no floor" in gemm["reason"]
     assert doc["options"]["gemm_n"] == 128 and doc["expectation"]["thresholds"]["gemm_tflops"] == 0.0
     text = md.read_text()
     assert "| check | scope | status | value | threshold | unit | per GPU | reason |" in text
@@ -228,24 +241,30 @@ def test_impossible_threshold_fails_naming_value_and_threshold(
     out = tmp_path / "probe.json"
     assert main(["--expect", str(path), "--only", "gemm,copy", "--json", str(out), *SMALL]) == 1
     doc = json.loads(out.read_text())
-    assert doc["status"] == "fail"
-    for r in doc["results"]:
-        assert r["status"] == "fail"
-        value = f"{r['value']:.4g}"
-        assert f"cpu: {value} {r['unit']} < threshold 1.000e+09 {r['unit']}" in r["reason"]
+    assert doc["status"] == "fail" and doc["failed"] == ["gemm", "copy"]
+    for r in doc["checks"]:
+        assert r["status"] == ("pass" if r["name"] == "devices" else "fail")
+        if r["name"] == "devices":
+            continue
+        m = re.fullmatch(
+            rf"(GPU \d+|cpu): ([0-9.e+-]+) {r['unit']} < threshold 1\.000e\+09 {r['unit']}", r["reason"]
+        )
+        assert m, r["reason"]
+        assert float(m.group(2)) == pytest.approx(r["value"], rel=1e-3)
+        assert m.group(1).startswith("GPU " if GPUS else "cpu")  # the slowest device is named
     printed = capsys.readouterr().out
-    assert "probe gemm: FAIL: cpu:" in printed and "verdict: FAIL (gemm, copy failed)" in printed
+    assert "probe gemm: FAIL: " in printed and "verdict: FAIL (gemm, copy failed)" in printed
 
 
 def test_expected_gpus_missing_fail_the_devices_check(tmp_path: Path) -> None:
     doc = expectation()
-    doc["gpu"] = {"model": "h200", "count": 8}
+    doc["gpu"] = {"model": "h200", "count": GPUS + 8}
     path = write_expect(tmp_path, doc)
     out = tmp_path / "probe.json"
     assert main(["--expect", str(path), "--only", "gemm", "--json", str(out), *SMALL]) == 1
-    dev = json.loads(out.read_text())["results"][0]
+    dev = json.loads(out.read_text())["checks"][0]
     assert dev["name"] == "devices" and dev["status"] == "fail"
-    assert dev["reason"] == "expected 8 GPUs (h200), this process sees 0"
+    assert dev["reason"] == f"expected {GPUS + 8} GPUs (h200), this process sees {GPUS}"
 
 
 # ----------------------------------------------------------------------------- peers
@@ -255,7 +274,7 @@ def peer_doc(node: str, gemm: float, copy: float | None = None) -> dict[str, Any
     results = [{"name": "gemm", "scope": "node", "status": "pass", "value": gemm}]
     if copy is not None:
         results.append({"name": "copy", "scope": "node", "status": "skip", "value": copy})
-    return {"schema": 1, "kind": "lcm-probe", "node": node, "results": results}
+    return {"schema": 1, "kind": "lcm-probe", "node": node, "checks": results}
 
 
 def test_peer_comparison_unit() -> None:
@@ -281,7 +300,7 @@ def test_peers_dir_fails_a_node_at_half_its_neighbours_and_records_it(
     path = write_expect(tmp_path, expectation())
     assert main(["--expect", str(path), "--only", "gemm,copy", "--peers", str(shared), *SMALL]) == 1
     own = json.loads((shared / "lab-node1.json").read_text())
-    by = {r["name"]: r for r in own["results"]}
+    by = {r["name"]: r for r in own["checks"]}
     assert by["gemm"]["status"] == "fail"
     assert f"< 0.8 x 1.000e+09 TFLOP/s (the median of 2 other node(s) in {shared})" in by["gemm"]["reason"]
     assert by["copy"]["status"] == "pass"  # the peers' copy figures were skips: nothing to compare
@@ -301,9 +320,8 @@ def test_peers_dir_passes_among_equals(tmp_path: Path) -> None:
         main(["--expect", str(path), "--only", "gemm", "--peers", str(shared), "--json", str(out), *SMALL])
         == 0
     )
-    gemm = json.loads(out.read_text())["results"][0]
+    gemm = {r["name"]: r for r in json.loads(out.read_text())["checks"]}["gemm"]
     assert gemm["status"] == "pass" and gemm["details"]["peers"]["figures"] == {"lab-node2": 1e-9}
     assert (
-        json.loads((shared / "lab-node1.json").read_text())["results"]
-        == json.loads(out.read_text())["results"]
+        json.loads((shared / "lab-node1.json").read_text())["checks"] == json.loads(out.read_text())["checks"]
     )
