@@ -1,0 +1,227 @@
+"""Bringing a node into the running lab and taking it out again (playbooks/add_nodes.yml, remove_nodes.yml;
+docs/nodes.md), with a training job running on the two nodes all along.
+
+Run from the host with the lab up: `LCM_LAB=1 pytest -m lab tests/lab/test_nodes_join.py` (molecule verify
+runs it). The job is the baseline stage of configs/lab.yml slowed down (--step-sleep-ms) so that lab-node3's
+whole add happens while it trains; its losses are compared bit for bit with the baseline of the session's
+lab run (`lab_run_result`, the same config: CPU runs are deterministic). The durations of the add and the
+removal are written to .cache/test-logs/nodes-drill.json (not asserted: docs/nodes.md quotes a committed run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labrun import RUNNER, SHARED_HOST, SPEC, LabRun, lab_exec
+from prom import query
+
+from lcm_runner.telemetry import load_run, steps
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+NEW = "lab-node3"
+OLD = ["lab-ctl", "lab-node1", "lab-node2"]
+# Per step: the 30 steps (about 3.5 min) outlast the add's last part (monitoring, burn-in, join: about 2 min).
+STEP_SLEEP_MS = int(os.environ.get("LCM_NODES_STEP_SLEEP_MS", "7000"))
+PLAYBOOK_TIMEOUT_S = 1200
+
+
+def _podman(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *argv], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _on(node: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return _podman("exec", node, *argv, timeout=timeout)
+
+
+LOGS = ROOT / ".cache" / "test-logs"
+
+
+def _start_playbook(name: str, nodes: str, count: int) -> tuple[subprocess.Popen[str], Path]:
+    """`ansible-playbook playbooks/<name> -e nodes=<nodes>` with LAB_COMPUTE_NODES=<count>, its output in
+    .cache/test-logs/<name>.log."""
+    env = dict(os.environ, LAB_COMPUTE_NODES=str(count), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    env["ANSIBLE_FORCE_COLOR"] = "false"
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / f"{name}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            ["ansible-playbook", f"playbooks/{name}", "-e", f"nodes={nodes}"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    return proc, log
+
+
+def _finish(proc: subprocess.Popen[str], log: Path) -> str:
+    try:
+        proc.wait(timeout=PLAYBOOK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"{log.name}: still running after {PLAYBOOK_TIMEOUT_S} s")
+    text = log.read_text()
+    assert proc.returncode == 0, text[-8000:]
+    assert "failed=0" in text and "unreachable=0" in text
+    return text
+
+
+def _undisturbed_state() -> dict[str, str]:
+    """What must not change while a node joins: the containers (same ids, same start), the Slurm daemons
+    (same PIDs: no restart) and the munge key."""
+    state: dict[str, str] = {}
+    for node in OLD:
+        inspect = _podman("inspect", "--format", "{{.Id}} {{.State.StartedAt}}", node)
+        state[f"{node} container"] = inspect.stdout.strip()
+        unit = "slurmctld" if node == "lab-ctl" else "slurmd"
+        pid = _on(node, "systemctl", "show", "-p", "MainPID", "--value", unit).stdout.strip()
+        state[f"{node} {unit} pid"] = pid
+        key = _on(node, "cat", "/etc/munge/munge.key").stdout
+        state[f"{node} munge key"] = hashlib.sha256(key.encode()).hexdigest()
+    return state
+
+
+def _node_state(name: str) -> str:
+    p = lab_exec("sinfo", "--noheader", "--Node", "--format=%T|%E", "--nodes", name)
+    return p.stdout.strip()
+
+
+def _prometheus_up(node: str) -> list[str]:
+    return [r["value"][1] for r in query(f'up{{job="node",node="{node}"}}')]
+
+
+def _wait(what: str, ok: Callable[[], Any], timeout: float, every: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = ok()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"{what} not within {timeout:.0f} s (last: {last!r})")
+
+
+def _baseline_losses(run_dir: Path, job: str | None = None) -> dict[int, str]:
+    recs = [r for r in steps(load_run(run_dir / "telemetry"), rank=0) if job is None or r.get("job") == job]
+    return {r.step: r.get("loss_hex") for r in recs}
+
+
+@pytest.fixture(scope="module")
+def reference_losses(lab_run_result: LabRun) -> dict[int, str]:
+    base = json.loads((lab_run_result.dir / "stages" / "baseline.json").read_text())
+    losses = _baseline_losses(lab_run_result.dir, base["job_ids"][0])
+    assert sorted(losses) == list(range(1, len(losses) + 1)) and losses
+    return losses
+
+
+def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int, str]) -> None:
+    assert _podman("container", "exists", NEW).returncode != 0, f"{NEW} exists: a previous run left it"
+    runs = SHARED_HOST / "ci"
+    runs.mkdir(parents=True, exist_ok=True)
+    (runs / "lab.yml").write_text((ROOT / "configs" / "lab.yml").read_text())
+    timings: dict[str, float] = {}
+
+    before = _undisturbed_state()
+
+    # 1. Start the add: lab-node3's container, every layer on it, burn-in, then the join (slurm.conf on every
+    #    node, scontrol reconfigure). Nothing of lab-node1/2 or the controller may change meanwhile.
+    t0 = time.monotonic()
+    add, add_log = _start_playbook("add_nodes.yml", NEW, 3)
+
+    # 2. While lab-node3 is being converged, a training job starts on lab-node1 + lab-node2, slowed so that it
+    #    is still training when the add's burn-in and join come (checked below).
+    monitoring_play = "PLAY [Exporters on every node]"
+    _wait("the add to reach the monitoring layer", lambda: monitoring_play in add_log.read_text(),
+          timeout=PLAYBOOK_TIMEOUT_S, every=3)  # fmt: skip
+    result: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def train() -> None:
+        result["p"] = lab_exec(
+            RUNNER, "baseline", "-c", "/shared/ci/lab.yml", "-i", SPEC, "--launcher", "slurm",
+            "--runs-root", "/shared/runs/nodes-drill", "--step-sleep-ms", str(STEP_SLEEP_MS),
+            "--timeout", "900",
+            timeout=1500,
+        )  # fmt: skip
+
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    running = _wait(
+        "the training job running on two nodes",
+        lambda: [
+            ln for ln in lab_exec("squeue", "--noheader", "--states=R", "--format=%i|%N").stdout.split()
+            if ln.endswith("|lab-node[1-2]")
+        ],
+        timeout=180,
+    )  # fmt: skip
+    job = running[0].split("|")[0]
+    assert "PLAY [Burn-in of the nodes being added]" not in add_log.read_text(), (
+        "the job started after the add's burn-in: the join was not exercised under a running job"
+    )
+
+    text = _finish(add, add_log)
+    timings["add_s"] = round(time.monotonic() - t0, 1)
+    assert lab_exec("squeue", "--noheader", "--jobs", job, "--format=%T").stdout.strip() == "RUNNING", (
+        "the job ended before the add did: raise LCM_NODES_STEP_SLEEP_MS so the join lands mid-run"
+    )
+    assert "RUNNING HANDLER [slurm : Reconfigure slurm]" in text
+    assert _undisturbed_state() == before  # same containers, no Slurm daemon restarted, same munge key
+    assert _node_state(NEW) == "idle|none"
+    health = json.loads(_on(NEW, "cat", "/var/lib/lcm/health/burn-in-health.json").stdout)
+    probe = json.loads(_on(NEW, "cat", "/var/lib/lcm/health/burn-in-probe.json").stdout)
+    statuses = {c["name"]: c["status"] for c in health["checks"] + probe["checks"]}
+    assert "fail" not in statuses.values(), statuses
+    assert {"gemm", "copy", "allreduce"} <= {n for n, st in statuses.items() if st == "pass"}, statuses
+    assert _wait(f"Prometheus scraping {NEW}", lambda: _prometheus_up(NEW) == ["1"], timeout=60)
+
+    # 3. The job was not disturbed: it finishes its 30 steps, once, with the reference losses.
+    trainer.join(timeout=1500)
+    assert not trainer.is_alive()
+    out = result["p"]
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-2000:])
+    run_dir = SHARED_HOST / Path(
+        next(ln for ln in out.stdout.splitlines() if ln.startswith("run dir: ")).split(": ", 1)[1]
+    ).relative_to("/shared")
+    stage = json.loads((run_dir / "stages" / "baseline.json").read_text())
+    assert stage["verdict"] == "PASS", stage["summary"]
+    assert stage["job_ids"] == [job]
+    records = steps(load_run(run_dir / "telemetry"), rank=0)
+    assert {r.attempt for r in records} == {0}  # no restart
+    assert _baseline_losses(run_dir) == reference_losses
+
+    # 4. The new node takes the next job.
+    srun = lab_exec("srun", "--nodes=1", f"--nodelist={NEW}", "--time=2", "hostname", timeout=120)
+    assert srun.returncode == 0 and srun.stdout.strip() == NEW, (srun.stdout, srun.stderr)
+    three = lab_exec("srun", "--nodes=3", "--time=2", "hostname", timeout=120)
+    assert sorted(three.stdout.split()) == ["lab-node1", "lab-node2", NEW], (three.stdout, three.stderr)
+
+    # 5. Remove it again: out of Slurm and monitoring, its container gone, the others untouched.
+    after_add = _undisturbed_state()
+    t0 = time.monotonic()
+    _finish(*_start_playbook("remove_nodes.yml", NEW, 3))
+    timings["remove_s"] = round(time.monotonic() - t0, 1)
+    assert _node_state(NEW) == ""
+    assert (
+        "not found"
+        in lab_exec("scontrol", "show", "node", NEW).stdout + lab_exec("scontrol", "show", "node", NEW).stderr
+    )
+    assert _podman("container", "exists", NEW).returncode != 0
+    assert _undisturbed_state() == after_add
+    assert _wait(f"Prometheus no longer scraping {NEW}", lambda: _prometheus_up(NEW) == [], timeout=60)
+    two = lab_exec("srun", "--nodes=2", "--time=2", "hostname", timeout=120)
+    assert sorted(two.stdout.split()) == ["lab-node1", "lab-node2"], (two.stdout, two.stderr)
+
+    out_file = LOGS / "nodes-drill.json"
+    out_file.write_text(json.dumps({**timings, "step_sleep_ms": STEP_SLEEP_MS, "job": job}, indent=2))
+    print(f"nodes drill: {timings}")
