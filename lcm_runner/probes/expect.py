@@ -3,7 +3,7 @@ cluster spec's `cluster.health.thresholds.<model>`; docs/probes.md).
 
     {"schema": 1, "node": "lab-node1",
      "gpu": {"model": "h200", "count": 8},
-     "probes": {"gemm_tflops": 650.0, "copy_gbps": 3500.0, "busbw_node_gbps": 300.0,
+     "probes": {"gemm_tflops": 550.0, "copy_gbps": 3500.0, "busbw_node_gbps": 300.0,
                 "busbw_cluster_gbps": 0.0, "peer_ratio": 0.8,
                 "gemm_n": 8192, "copy_mib": 4096, "allreduce_max_mib": 1024}}
 

@@ -40,19 +40,19 @@ def test_defaults_filled() -> None:
     h = f["health"]
     assert (h["xid_ignore"], h["pcie_gen"], h["pcie_width"], h["peer_ratio"]) == ([], 0, 0, 0.8)
     assert h["thresholds"]["h200"] == {
-        "gemm_tflops": 650,
+        "gemm_tflops": 550,
         "copy_gbps": 3500,
         "busbw_node_gbps": 300,
         "busbw_cluster_gbps": 0,
     }
     assert h["thresholds"]["h100"] == {
-        "gemm_tflops": 600,
+        "gemm_tflops": 500,
         "copy_gbps": 2500,
         "busbw_node_gbps": 300,
         "busbw_cluster_gbps": 0,
     }
     assert h["thresholds"]["b200"] == {
-        "gemm_tflops": 1500,
+        "gemm_tflops": 1200,
         "copy_gbps": 6000,
         "busbw_node_gbps": 600,
         "busbw_cluster_gbps": 0,
@@ -74,7 +74,7 @@ def test_one_model_override_keeps_that_models_other_defaults_and_the_other_model
         "busbw_node_gbps": 300,
         "busbw_cluster_gbps": 0,
     }
-    assert t["h100"]["gemm_tflops"] == 600
+    assert t["h100"]["gemm_tflops"] == 500
 
 
 def test_examples_stay_valid_and_schema_is_json_schema() -> None:
