@@ -114,7 +114,7 @@ def _wait(what: str, ok: Callable[[], Any], timeout: float, every: float = 2.0) 
 
 
 def _baseline_losses(run_dir: Path, job: str | None = None) -> dict[int, str]:
-    recs = [r for r in steps(load_run(run_dir / "telemetry"), rank=0) if job is None or r.get("job") == job]
+    recs = [r for r in steps(load_run(run_dir), rank=0) if job is None or r.job == job]
     return {r.step: r.get("loss_hex") for r in recs}
 
 
@@ -196,7 +196,7 @@ def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int
     stage = json.loads((run_dir / "stages" / "baseline.json").read_text())
     assert stage["verdict"] == "PASS", stage["summary"]
     assert stage["job_ids"] == [job]
-    records = steps(load_run(run_dir / "telemetry"), rank=0)
+    records = steps(load_run(run_dir), rank=0)
     assert {r.attempt for r in records} == {0}  # no restart
     assert _baseline_losses(run_dir) == reference_losses
 
