@@ -279,21 +279,17 @@ def test_joining_or_leaving_a_slot_is_a_reconfigure(before: dict, after: dict, r
 
 
 def test_a_name_outside_the_slots_changes_the_node_table_and_needs_a_restart() -> None:
-    two = render("slurm", "slurm.conf.j2", _vars(_h200(), groups={"controller": ["ctl"], "compute": ["gpu01"]}))
+    one = {"controller": ["ctl"], "compute": ["gpu01"]}
+    two = render("slurm", "slurm.conf.j2", _vars(_h200(), groups=one))
     three = render("slurm", "slurm.conf.j2", _vars(_h200()))
     assert slurm_conf_filter.slurm_restart_keys_changed(two, three, RESTART_KEYS) == ["NodeName"]
     # the same growth inside the slots is a reconfigure
     spec = _slots(_h200(), "gpu[01-04]")
-    two = render("slurm", "slurm.conf.j2", _vars(spec, groups={"controller": ["ctl"], "compute": ["gpu01"]}))
+    two = render("slurm", "slurm.conf.j2", _vars(spec, groups=one))
     three = render("slurm", "slurm.conf.j2", _vars(spec))
     assert slurm_conf_filter.slurm_restart_keys_changed(two, three, RESTART_KEYS) == []
 
 
-def test_hostlist_and_sinfo_filters() -> None:
+def test_hostlist_filter() -> None:
     assert slurm_conf_filter.slurm_hostlist_expand("") == []
     assert slurm_conf_filter.slurm_hostlist_expand("lab-node[1-3]") == ["lab-node1", "lab-node2", "lab-node3"]
-    states = slurm_conf_filter.slurm_node_states("lab-node1|idle|none\nlab-node2|drained*|lcm-burn-in: gemm\n")
-    assert states == {
-        "lab-node1": {"state": "idle", "reason": "none"},
-        "lab-node2": {"state": "drained", "reason": "lcm-burn-in: gemm"},
-    }

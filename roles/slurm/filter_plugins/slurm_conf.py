@@ -8,7 +8,6 @@ either the reconfigure handler or the restart handler.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Iterable
 
@@ -87,21 +86,10 @@ def slurm_hostlist_expand(expression: str) -> list[str]:
     return expand(expression) if expression and expression.strip() else []
 
 
-def slurm_node_states(sinfo: str) -> dict[str, dict[str, str]]:
-    """`sinfo --noheader --Node --format=%N|%T|%E` (or `%N|%T`) -> {node: {state, reason}}."""
-    states: dict[str, dict[str, str]] = {}
-    for line in sinfo.splitlines():
-        parts = line.strip().split("|", 2)
-        if len(parts) >= 2 and parts[0]:
-            states[parts[0]] = {"state": re.sub(r"[*~#%$@^!+-]+$", "", parts[1]), "reason": (parts[2:] or [""])[0]}
-    return states
-
-
 class FilterModule:
     def filters(self) -> dict[str, object]:
         return {
             "slurm_conf_entries": slurm_conf_entries,
             "slurm_restart_keys_changed": slurm_restart_keys_changed,
             "slurm_hostlist_expand": slurm_hostlist_expand,
-            "slurm_node_states": slurm_node_states,
         }
