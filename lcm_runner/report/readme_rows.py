@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from lcm_runner.report.readme_rows_nodes import row_h200_burn_in, row_lab_add_node
 from lcm_runner.report.readme_sources import (
     CONVERGE,
     ENGINE,
@@ -322,4 +323,6 @@ ROWS: tuple[Callable[[Results], Row], ...] = (
     row_digest,
     row_damaged,
     row_fault_matrix_cpu,
+    row_h200_burn_in,
+    row_lab_add_node,
 )

@@ -35,6 +35,8 @@ CONTEXT_DOCS = (
     "docs/reliability.md",
     "docs/reliability-nodes.md",
     "docs/lab.md",
+    "docs/results/h200-verify/README.md",
+    "docs/nodes.md",
 )
 
 

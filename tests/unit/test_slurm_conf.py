@@ -252,12 +252,13 @@ def test_joining_and_leaving_hosts_are_future_and_in_no_partition() -> None:
     assert sorted(_nodes(outside)) == ["gpu01", "gpu02"]
 
 
-def test_a_failed_burn_in_enters_drained_with_its_reason() -> None:
-    reasons = {"gpu02": 'lcm-burn-in: gemm_tflops 310.2 < 650 "GPU 3"\nsecond line'}
+def test_a_failed_burn_in_is_no_drain_line_in_slurm_conf() -> None:
+    """The node is drained by scontrol before its slurmd starts (tasks/run.yml), not by a State=DRAIN line:
+    Slurm re-applies such a line at every later reconfigure (seen on 22.05: a resumed node drained again)."""
+    reasons = {"gpu02": "lcm-burn-in: gemm_tflops 310.2 vs 550"}
     text = render("slurm", "slurm.conf.j2", _vars(_slots(_h200(), "gpu[01-04]"), slurm_node_reasons=reasons))
-    line = _nodes(text)["gpu02"]
-    assert line.endswith('State=DRAIN Reason="lcm-burn-in: gemm_tflops 310.2 < 650 GPU 3 second line"')
-    assert "gpu02" in _partition_nodes(text)
+    assert _nodes(text)["gpu02"].endswith("State=UNKNOWN")
+    assert "DRAIN" not in text and "gpu02" in _partition_nodes(text)
 
 
 @pytest.mark.parametrize(
@@ -266,7 +267,6 @@ def test_a_failed_burn_in_enters_drained_with_its_reason() -> None:
         # join: a slot becomes a node, enters drained, leaves again: scontrol reconfigure
         ({}, {"slurm_joining_nodes": ["gpu02"]}, []),
         ({"slurm_joining_nodes": ["gpu02"]}, {}, []),
-        ({"slurm_joining_nodes": ["gpu02"]}, {"slurm_node_reasons": {"gpu02": "lcm-burn-in: x"}}, []),
         ({}, {"slurm_leaving_nodes": ["gpu02"]}, []),
     ],
 )
