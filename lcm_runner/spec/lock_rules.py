@@ -23,6 +23,14 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
+from .lock_nvidia import (
+    DRIVER_RELEASE_PACKAGES,
+    driver_entry,
+    nvidia_debian_packages,
+    nvidia_settings,
+    upstream_version,
+    version_tuple,
+)
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
 
@@ -37,20 +45,6 @@ CUDA_MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 # The monitoring layer's Debian packages: node_exporter (every node), Prometheus and Alertmanager (monitoring
 # hosts); Grafana and DCGM come from the lock's artifacts (layer_needs).
 MONITORING_PACKAGES = ("prometheus-node-exporter", "prometheus", "prometheus-alertmanager")
-
-# Debian packages built from the driver's own sources (nvidia-graphics-drivers,
-# nvidia-open-gpu-kernel-modules): each one the inventory installs must carry the driver's upstream
-# version (the kernel module loads only with the user space of its release; the open modules need the GSP
-# firmware of their release).
-DRIVER_RELEASE_PACKAGES = (
-    "nvidia-kernel-dkms",
-    "nvidia-open-kernel-dkms",
-    "nvidia-smi",
-    "firmware-nvidia-gsp",
-)
-KERNEL_MODULE_FLAVOURS = ("open", "proprietary")
-# GPU models whose driver runs only with the open kernel modules (Blackwell).
-OPEN_ONLY_MODELS = ("b200",)
 
 # Public role settings the lock needs depend on (the inventory may override each; absent = the role's
 # default from roles/<role>/defaults/main.yml).
@@ -96,34 +90,6 @@ def role_settings(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         name: overrides[name] if name in overrides else role_value(role, name)
         for name, role in SETTINGS.items()
     }
-
-
-def upstream_version(version: str) -> str:
-    """'1:535.309.01-0+deb12u1' -> '535.309.01'; '580.159.04-1' -> '580.159.04' (nvidia_checks.py's rule)."""
-    v = str(version).strip()
-    v = v.split(":", 1)[1] if re.match(r"^\d+:", v) else v
-    return v.split("-", 1)[0]
-
-
-def _vtuple(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", version))
-
-
-def nvidia_debian_packages(settings: Mapping[str, Any]) -> list[str]:
-    """roles/nvidia_driver vars/main.yml _nvidia_driver_debian_install: nvidia_driver_debian_packages with the
-    kernel module package of nvidia_driver_kernel_module (from nvidia_driver_debian_kernel_packages)."""
-    kernel = settings["nvidia_driver_debian_kernel_packages"] or {}
-    flavour = kernel.get(settings["nvidia_driver_kernel_module"]) if isinstance(kernel, Mapping) else None
-    others = set(kernel.values()) if isinstance(kernel, Mapping) else set()
-    base = [str(n) for n in settings["nvidia_driver_debian_packages"] if n not in others]
-    return base + ([str(flavour)] if flavour else [])
-
-
-def _driver_entry(s: Mapping[str, Any]) -> tuple[str, str]:
-    """The lock entry whose version is the driver version (roles/nvidia_driver vars/main.yml)."""
-    if s["nvidia_driver_source"] == "debian":
-        return ("packages", str(s["nvidia_driver_debian_packages"][0]))
-    return ("artifacts", str(s["nvidia_driver_artifact"]))
 
 
 def check_lock(lock: Any) -> list[SpecError]:
@@ -238,7 +204,7 @@ def lock_errors(
     if errors:
         return errors
     s = role_settings(settings)
-    errors += _nvidia_settings(cluster, s)
+    errors += nvidia_settings(cluster, s)
     hints = _missing_hints(cluster, lock, s)
     missing: dict[tuple[str, str], list[str]] = {}
     for layer, kind, name in layer_needs(cluster, s):
@@ -255,42 +221,13 @@ def lock_errors(
     return errors + _pairs(cluster, lock, s)
 
 
-def _nvidia_settings(cluster: Mapping[str, Any], s: Mapping[str, Any]) -> list[SpecError]:
-    """nvidia_driver_kernel_module: a known flavour, open on Blackwell; a Debian package for it."""
-    if not cluster["layers"]["nvidia"]:
-        return []
-    flavour, model = s["nvidia_driver_kernel_module"], cluster["gpu"]["model"]
-    if flavour not in KERNEL_MODULE_FLAVOURS:
-        return [SpecError("nvidia_driver_kernel_module", flavour, "open or proprietary")]
-    if flavour != "open" and model in OPEN_ONLY_MODELS:
-        return [
-            SpecError(
-                "nvidia_driver_kernel_module",
-                flavour,
-                f"open: cluster.gpu.model is {model} (Blackwell), whose GPUs run only with the open "
-                "kernel modules",
-            )
-        ]
-    kernel = s["nvidia_driver_debian_kernel_packages"]
-    if s["nvidia_driver_source"] == "debian" and not (isinstance(kernel, Mapping) and kernel.get(flavour)):
-        return [
-            SpecError(
-                "nvidia_driver_debian_kernel_packages",
-                kernel,
-                f"a Debian package for nvidia_driver_kernel_module={flavour} "
-                "(e.g. open: nvidia-open-kernel-dkms)",
-            )
-        ]
-    return []
-
-
 def _missing_hints(
     cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, Any]
 ) -> dict[tuple[str, str], str]:
     """What a missing nvidia entry must be: the version it must have, from the driver's entry."""
     if not cluster["layers"]["nvidia"]:
         return {}
-    driver = _driver_entry(s)
+    driver = driver_entry(s)
     version = _version(lock, *driver)
     out: dict[tuple[str, str], str] = {}
     source = f"nvidia_driver_source={s['nvidia_driver_source']}"
@@ -336,7 +273,7 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
     layers, gpu = cluster["layers"], cluster["gpu"]
     e: list[SpecError] = []
     debian = s["nvidia_driver_source"] == "debian"
-    driver = _driver_entry(s)
+    driver = driver_entry(s)
     driver_version = _version(lock, *driver)
     if layers["nvidia"] and gpu["nvswitch"]:
         fm = ("artifacts", s["nvidia_driver_fabric_manager_artifact"])
@@ -374,7 +311,7 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
             if not m or int(m.group(1)) not in CUDA_MIN_DRIVER:
                 continue
             need = CUDA_MIN_DRIVER[int(m.group(1))]
-            if _vtuple(upstream_version(driver_version)) < _vtuple(need):
+            if version_tuple(upstream_version(driver_version)) < version_tuple(need):
                 e.append(
                     SpecError(
                         _path(*driver),
