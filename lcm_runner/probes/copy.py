@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .result import ProbeResult, evaluate
-from .timing import Device, release, time_per_call
+from .timing import Device, each_device, release, time_per_call
 
 UNIT = "GB/s"
 CPU_MIB = 64
@@ -61,20 +61,7 @@ def measure(
 
 def run(devices: list[Device], mib: int, threshold: float, ratio: float) -> ProbeResult:
     t0 = time.monotonic()
-    values: list[float | None] = []
-    errors: list[str | None] = []
-    runs: list[dict[str, Any]] = []
-    for d in devices:
-        try:
-            m = measure(d, mib)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:
-            values.append(None)
-            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            release(torch.device(d.torch_device))
-            continue
-        values.append(m.gbps)
-        errors.append(None)
-        runs.append(m.to_dict())
+    values, errors, runs = each_device(devices, lambda d: measure(d, mib), "gbps")
     res = evaluate("copy", UNIT, values, threshold, ratio, [d.label for d in devices], errors)
     res.details = {"mib": mib, "bytes_counted": "2 x size (read + write)", "measurements": runs}
     res.duration_s = round(time.monotonic() - t0, 3)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .result import ProbeResult, evaluate
-from .timing import Device, release, time_per_call
+from .timing import Device, each_device, release, time_per_call
 
 UNIT = "TFLOP/s"
 CPU_N = 1024
@@ -71,20 +71,7 @@ def measure(device: Device, n: int, warmup: int | None = None, repeats: int | No
 
 def run(devices: list[Device], n: int, threshold: float, ratio: float) -> ProbeResult:
     t0 = time.monotonic()
-    values: list[float | None] = []
-    errors: list[str | None] = []
-    runs: list[dict[str, Any]] = []
-    for d in devices:
-        try:
-            m = measure(d, n)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # CUDA errors, out of memory
-            values.append(None)
-            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            release(torch.device(d.torch_device))
-            continue
-        values.append(m.tflops)
-        errors.append(None)
-        runs.append(m.to_dict())
+    values, errors, runs = each_device(devices, lambda d: measure(d, n), "tflops")
     res = evaluate("gemm", UNIT, values, threshold, ratio, [d.label for d in devices], errors)
     res.details = {
         "n": n,

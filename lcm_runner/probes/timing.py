@@ -110,3 +110,25 @@ def environment(devices: list[Device]) -> dict[str, Any]:
         "devices": [d.to_dict() for d in devices],
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_ENV)},
     }
+
+
+def each_device(
+    devices: list[Device], measure: Callable[[Device], Any], figure: str
+) -> tuple[list[float | None], list[str | None], list[dict[str, Any]]]:
+    """Run measure(device) on every device: its `figure` attribute (None where it failed), the error of each
+    (a CUDA error or out of memory, first line), and the measurements' dicts."""
+    values: list[float | None] = []
+    errors: list[str | None] = []
+    runs: list[dict[str, Any]] = []
+    for d in devices:
+        try:
+            m = measure(d)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # CUDA errors, out of memory
+            values.append(None)
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            release(torch.device(d.torch_device))
+            continue
+        values.append(getattr(m, figure))
+        errors.append(None)
+        runs.append(m.to_dict())
+    return values, errors, runs
