@@ -216,6 +216,14 @@ class TrainCollector:
             t = _num(rec.get(key))
             if t is not None and math.isfinite(t):
                 att.comm_total[collective] = att.comm_total.get(collective, 0.0) + t
+        per = rec.get(
+            "comm"
+        )  # seconds per collective (lcm_runner/train/comm.py): "fwd-bwd:ep.all_to_all_single"
+        if isinstance(per, dict):
+            for collective, value in per.items():
+                t = _num(value)
+                if t is not None and math.isfinite(t):
+                    att.comm_total[str(collective)] = att.comm_total.get(str(collective), 0.0) + t
         if att.attempt == 0 and rs.baseline is None:
             rs.attempt0_steps += 1
             if BASELINE_FIRST <= rs.attempt0_steps <= BASELINE_LAST and dt is not None:
@@ -332,9 +340,8 @@ def build_families(job_id: str, ranks: Iterable[RankState], now: float, alive: b
             f["local_loss"].add(att.local_loss, **lab)
         if att.tokens_per_s is not None:
             f["tps"].add(att.tokens_per_s, **lab)
-        for _, collective in COLLECTIVES:
-            if collective in att.comm_total:
-                f["comm_total"].add(att.comm_total[collective], **lab, collective=collective)
+        for collective in sorted(att.comm_total):
+            f["comm_total"].add(att.comm_total[collective], **lab, collective=collective)
         if att.comm_time_s is not None and att.step_time_s:
             f["comm_frac"].add(att.comm_time_s / att.step_time_s, **lab)
         ck = rs.last_ckpt

@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from lcm_runner.report.readme_rows_engine import row_engine_vs_megatron
 from lcm_runner.report.readme_rows_nodes import row_h200_burn_in, row_lab_add_node
 from lcm_runner.report.readme_sources import (
     CONVERGE,
@@ -320,6 +321,7 @@ ROWS: tuple[Callable[[Results], Row], ...] = (
     row_h200_trainer_kill,
     row_h200_node_loss,
     row_engine,
+    row_engine_vs_megatron,
     row_digest,
     row_damaged,
     row_fault_matrix_cpu,

@@ -31,6 +31,7 @@ INTEGRITY_CHECKSUM = "docs/results/h200-integrity/checksum-vm-20261201-090720.js
 CONTEXT_DOCS = (
     "docs/results/h200x2-stages/README.md",
     "docs/results/h200-engine/README.md",
+    "docs/results/h200-engine-vs-megatron/README.md",
     "docs/results/h200-integrity/README.md",
     "docs/reliability.md",
     "docs/reliability-nodes.md",

@@ -135,7 +135,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g = p.add_argument_group("precision and kernels")
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--fp16", action="store_true", help="not supported (use --bf16); fails clearly")
-    g.add_argument("--use-flash-attn", action="store_true", help="needs Transformer Engine (GPU)")
+    g.add_argument(
+        "--use-flash-attn",
+        action="store_true",
+        help="fused attention: Transformer Engine's, else PyTorch SDPA (flash/cuDNN/efficient; math on CPU)",
+    )
     g.add_argument(
         "--transformer-impl",
         choices=("auto", "local", "transformer_engine"),

@@ -69,6 +69,12 @@ TARGETS: tuple[ShimTarget, ...] = (
         "the default RNG tracker calls torch.cuda.get_rng_state; the inference tracker does not",
     ),
     ShimTarget(
+        "megatron.core.pipeline_parallel.schedules",
+        "torch",
+        None,
+        'allocates its token counter with torch.zeros(..., device="cuda") in every schedule',
+    ),
+    ShimTarget(
         "megatron.core.dist_checkpointing.strategies.async_utils",
         "TemporalAsyncCaller",
         None,
@@ -103,6 +109,56 @@ def _cpu_numpy_or_tensor(tensor: Any, as_numpy: bool = False, record_stream: boo
     if as_numpy and torch.is_tensor(tensor):
         return tensor.numpy()
     return tensor
+
+
+class _TorchOnCPU(types.ModuleType):
+    """`torch` as megatron's schedules see it: the same module, except that a tensor created with
+    `device="cuda"` is created on the CPU (their per-step token counter)."""
+
+    def __init__(self) -> None:
+        super().__init__("torch")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+    @staticmethod
+    def _cpu(kwargs: dict[str, Any]) -> dict[str, Any]:
+        dev = kwargs.get("device")
+        if dev == "cuda" or (isinstance(dev, torch.device) and dev.type == "cuda"):
+            kwargs = dict(kwargs, device="cpu")
+        return kwargs
+
+    def zeros(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros(*args, **self._cpu(kwargs))
+
+    def empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.empty(*args, **self._cpu(kwargs))
+
+    def tensor(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.tensor(*args, **self._cpu(kwargs))
+
+
+_ALL_GATHER = torch.distributed.all_gather
+
+
+def _all_gather_uneven(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
+                       async_op: bool = False) -> Any:  # fmt: skip
+    """torch.distributed.all_gather for gloo, which requires equal sizes: megatron's token dispatcher
+    gathers each rank's (different) number of tokens over the expert-TP group. Uneven first dimensions
+    are padded to the largest, gathered, and copied out; everything else goes to the real function."""
+    shapes = [t.shape for t in tensor_list]
+    if len({tuple(s) for s in shapes}) <= 1 or any(tuple(s[1:]) != tuple(tensor.shape[1:]) for s in shapes):
+        return _ALL_GATHER(tensor_list, tensor, group=group, async_op=async_op)
+    rows = max(s[0] for s in shapes)
+    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    bufs = [tensor.new_empty((rows, *tensor.shape[1:])) for _ in shapes]
+    work = _ALL_GATHER(bufs, padded, group=group, async_op=async_op)
+    if work is not None:
+        work.wait()
+    for out, buf, shape in zip(tensor_list, bufs, shapes, strict=True):
+        out.copy_(buf[: shape[0]])
+    return work
 
 
 def stub_triton_kernels() -> bool:
@@ -148,6 +204,10 @@ def check_targets() -> list[str]:
         "megatron.core.transformer.moe.token_dispatcher": ("torch.cuda.Stream()", "record_event()"),
         "megatron.core.transformer.moe.router": ("torch.cuda.current_device()",),
         "megatron.core.dist_checkpointing.strategies.async_utils": ("torch.cuda.synchronize()",),
+        "megatron.core.pipeline_parallel.schedules": ('torch.zeros([], dtype=torch.int, device="cuda")',),
+        "megatron.core.tensor_parallel.mappings": (
+            "torch.distributed.all_gather(output_tensor_list, input_",
+        ),
     }
     for modname, needles in src_checks.items():
         src = inspect.getsource(importlib.import_module(modname))
@@ -179,6 +239,9 @@ def apply() -> None:
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     td = importlib.import_module("megatron.core.transformer.moe.token_dispatcher")
     td.maybe_move_tensor_to_cpu = _cpu_numpy_or_tensor  # type: ignore[attr-defined]
+    schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
+    schedules.torch = _TorchOnCPU()  # type: ignore[attr-defined]
+    torch.distributed.all_gather = _all_gather_uneven  # type: ignore[assignment]
     _applied = True
 
 

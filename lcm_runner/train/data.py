@@ -1,7 +1,10 @@
 """Training batches as a pure function of (seed, step, data-parallel rank, micro-batch index).
 
 A resumed run therefore sees exactly the batches the uninterrupted run saw: the only "data position"
-is the step number stored in the checkpoint.
+is the step number stored in the checkpoint. The trainer (schedule.py) passes data-parallel rank 0 and
+the step's global micro-batch index (DP rank x micro-batches per rank + micro-batch), so a step's batches
+are the same for any data-parallel layout with the same micro and global batch sizes (a TP x PP x EP run
+and a single process see the same tokens).
 
 - `SyntheticTokens`: learnable arithmetic token sequences (start + stride * i mod vocab), so the loss
   visibly falls within a few steps.

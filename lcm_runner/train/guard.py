@@ -38,18 +38,19 @@ class NumericalGuard:
     skipped: list[int] = field(default_factory=list)
 
     def check(self, loss: torch.Tensor, grads: list[torch.Tensor]) -> Verdict:
-        """All ranks: is this step's loss or any gradient NaN/Inf on any rank?"""
-        flags = torch.zeros(2, dtype=torch.float32, device=self.dev)
-        if not bool(torch.isfinite(loss).all()):
-            flags[0] = 1
+        """All ranks: is this step's loss or any gradient NaN/Inf on any rank? The flags are computed on
+        the device and read once, after the all-reduce: one synchronisation per step."""
+        loss_bad = ~torch.isfinite(loss).all()
         if grads:
             norms = torch._foreach_norm(grads)
-            if not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all()):
-                flags[1] = 1
+            grad_bad = ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
+        else:
+            grad_bad = torch.zeros((), dtype=torch.bool, device=loss.device)
+        flags = torch.stack([loss_bad, grad_bad]).to(device=self.dev, dtype=torch.float32)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        loss_bad, grad_bad = bool(flags[0].item()), bool(flags[1].item())
-        what = "+".join(n for n, b in (("loss", loss_bad), ("grad", grad_bad)) if b)
-        return Verdict(loss_bad or grad_bad, what)
+        loss_flag, grad_flag = (bool(x) for x in flags.tolist())
+        what = "+".join(n for n, b in (("loss", loss_flag), ("grad", grad_flag)) if b)
+        return Verdict(loss_flag or grad_flag, what)
 
     def record_skip(self, step: int) -> bool:
         """Count a skipped step; True when the budget is spent."""

@@ -2,7 +2,11 @@
 
 - Layer spec: Transformer Engine's when it is importable (`--transformer-impl auto`), else megatron-core's
   local spec. The local spec's layer norms are replaced by `TorchLayerNorm`, which (unlike megatron's
-  WrappedTorchNorm) supports sequence parallelism, required by MoE with TP > 1.
+  WrappedTorchNorm) supports sequence parallelism, required by MoE with TP > 1. With `--use-flash-attn`
+  the local spec's core attention is `SDPAttention` (attention.py: PyTorch's fused SDPA kernels on CUDA,
+  its math path on CPU); with Transformer Engine, TE's fused attention.
+- Pipeline parallelism: each stage builds its own layers (megatron numbers them globally, so checkpoints
+  reshard across layouts), the embedding on the first stage and the output layer on the last.
 - bf16: parameters in bf16 through megatron's Float16Module (GPU only).
 - DDP: megatron DistributedDataParallel (grad buffers, `finalize_model_grads` all-reduces them).
 - Optimizer: megatron's `get_megatron_optimizer` (Adam, fp32 main params for bf16), or torch AdamW
@@ -43,12 +47,15 @@ def resolve_impl(args: TrainArgs, device: str) -> str:
         raise ArgError("--transformer-impl transformer_engine: Transformer Engine is not installed")
     if impl == "transformer_engine" and device != "cuda":
         raise ArgError("--transformer-impl transformer_engine needs --device cuda")
-    if args.use_flash_attn and impl != "transformer_engine":
-        raise ArgError(
-            "--use-flash-attn needs Transformer Engine's attention (not installed, or --transformer-impl "
-            "local): megatron-core's local spec has only unfused DotProductAttention"
-        )
     return impl
+
+
+def attention_kind(args: TrainArgs, impl: str) -> str:
+    """What computes attention: `te` (Transformer Engine's fused attention), `sdpa` (SDPAttention) or
+    `unfused` (megatron-core's local DotProductAttention)."""
+    if impl == "transformer_engine":
+        return "te"
+    return "sdpa" if args.use_flash_attn else "unfused"
 
 
 def resolve_optimizer_impl(args: TrainArgs, device: str) -> str:
@@ -89,7 +96,7 @@ def transformer_config(args: TrainArgs, device: str) -> Any:
         pipeline_dtype=torch.bfloat16 if args.bf16 else torch.float32,
         deterministic_mode=args.deterministic,
     )
-    if args.use_flash_attn:
+    if args.use_flash_attn and resolve_impl(args, device) == "transformer_engine":
         kw["attention_backend"] = AttnBackend.flash
     if moe:
         kw.update(
@@ -102,7 +109,7 @@ def transformer_config(args: TrainArgs, device: str) -> Any:
     return TransformerConfig(**kw)
 
 
-def layer_spec(args: TrainArgs, impl: str) -> Any:
+def layer_spec(args: TrainArgs, impl: str, config: Any) -> Any:
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     if impl == "transformer_engine":
@@ -112,11 +119,17 @@ def layer_spec(args: TrainArgs, impl: str) -> Any:
             num_experts=args.num_experts, moe_grouped_gemm=False
         )
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
     spec = get_gpt_layer_local_spec(num_experts=args.num_experts, moe_grouped_gemm=False)
     spec.submodules.input_layernorm = TorchLayerNorm
     spec.submodules.pre_mlp_layernorm = TorchLayerNorm
-    return TransformerBlockSubmodules(layer_specs=[spec] * args.num_layers, layer_norm=TorchLayerNorm)
+    if attention_kind(args, impl) == "sdpa":
+        from .attention import sdpa_attention_class
+
+        spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
+    here = get_num_layers_to_build(config)  # this pipeline stage's layers
+    return TransformerBlockSubmodules(layer_specs=[spec] * here, layer_norm=TorchLayerNorm)
 
 
 @dataclass
@@ -128,6 +141,7 @@ class Built:
     transformer_impl: str
     config: Any
     num_params: int
+    attention: str = "unfused"  # attention_kind()
 
 
 def build(args: TrainArgs, device: str) -> Built:
@@ -137,12 +151,16 @@ def build(args: TrainArgs, device: str) -> Built:
 
     impl = resolve_impl(args, device)
     opt_impl = resolve_optimizer_impl(args, device)
+    from megatron.core import parallel_state as ps
+
     cfg = transformer_config(args, device)
     gpt = GPTModel(
         config=cfg,
-        transformer_layer_spec=layer_spec(args, impl),
+        transformer_layer_spec=layer_spec(args, impl, cfg),
         vocab_size=args.vocab_size,
         max_sequence_length=args.max_position_embeddings or args.seq_length,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
     )
     if device == "cuda":
         gpt = gpt.cuda(torch.cuda.current_device())
@@ -174,4 +192,4 @@ def build(args: TrainArgs, device: str) -> Built:
             betas=(args.adam_beta1, args.adam_beta2),
             weight_decay=args.weight_decay,
         )
-    return Built(gpt, model, optimizer, opt_impl, impl, cfg, num_params)
+    return Built(gpt, model, optimizer, opt_impl, impl, cfg, num_params, attention_kind(args, impl))

@@ -5,15 +5,16 @@ config, checked before any host changes) both call `shape_problems`; each names 
 (`--tensor-model-parallel-size 3` vs `model.tp = 3`) through a `Names`. Every rule is one that this
 engine or megatron-core 0.19.2 would otherwise hit at start-up, after processes were launched:
 
-- sizes must be positive; PP > 1 is not implemented by the engine (see docs/training.md);
+- sizes must be positive; the layers divisible by PP (each pipeline stage builds as many);
 - megatron's TransformerConfig: attention heads divisible by TP, `--sequence-parallel` needs TP > 1,
   top-k 1 needs a pre-softmax router (which the engine does not configure), EP > 1 needs experts;
 - megatron's tensor-parallel layers (`divide()` asserts): the FFN width and the vocabulary divisible by
   TP (and the FFN width by expert TP), the sequence divisible by TP under sequence parallelism (implied
   by MoE with TP > 1), experts divisible by EP (MoELayer);
 - the engine: hidden size divisible by heads (kv channels), top-k within the experts, position
-  embeddings covering the sequence, bf16 only on CUDA, flash attention only with CUDA (Transformer
-  Engine), a seed numpy's SeedSequence accepts (data.py);
+  embeddings covering the sequence, bf16 only on CUDA, a head size the fused attention kernels take
+  with `--use-flash-attn` (a multiple of 8, at most 256: flash-attention's and cuDNN's limits), a seed
+  numpy's SeedSequence accepts (data.py);
 - with a world size: world divisible by TP x PP and by EP x ETP x PP (parallel_state), the global batch a
   multiple of micro batch x DP (gradient accumulation).
 
@@ -147,13 +148,6 @@ def shape_problems(s: Shape, n: Names | None = None, world_size: int | None = No
     tp, pp, ep = s.tensor_model_parallel_size, s.pipeline_model_parallel_size, s.expert_model_parallel_size
     etp = s.expert_tensor_parallel_size or tp
     heads = s.num_attention_heads
-    if pp > 1:
-        bad(
-            "pipeline_model_parallel_size",
-            pp,
-            "1: pipeline parallelism is not implemented by this engine (lcm_runner.train: its schedule "
-            "would be megatron's get_forward_backward_func, which is not wired up); use TP/EP/DP",
-        )
     if s.num_layers % pp:
         bad("num_layers", s.num_layers, f"a multiple of {n.ref('pipeline_model_parallel_size', pp)}")
     if s.hidden_size % heads:
@@ -211,11 +205,18 @@ def shape_problems(s: Shape, n: Names | None = None, world_size: int | None = No
             True,
             f"no bf16 with {n.ref('device', 'cpu')}: bf16 is a GPU option, CPU runs train in fp32",
         )
-    if s.use_flash_attn and s.device == "cpu":
+    head_dim = s.hidden_size // heads
+    if (
+        s.use_flash_attn
+        and s.device != "cpu"
+        and not s.hidden_size % heads
+        and (head_dim % 8 or head_dim > 256)
+    ):
         bad(
             "use_flash_attn",
             True,
-            f"no flash attention with {n.ref('device', 'cpu')}: it needs Transformer Engine on GPUs",
+            f"a head size the fused attention kernels take: {n.ref('hidden_size', s.hidden_size)} / "
+            f"{n.ref('num_attention_heads', heads)} = {head_dim}, must be a multiple of 8 and at most 256",
         )
     if not 0 <= s.seed <= SEED_MAX:
         bad("seed", s.seed, f"in 0..{SEED_MAX} (numpy's SeedSequence and torch.manual_seed take it)")

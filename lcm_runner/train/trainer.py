@@ -1,5 +1,6 @@
-"""The step loop of one rank: forward/backward over micro-batches, the gradient reduction, the numerical
-guard, the optimizer, then telemetry, signals, fault hooks and checkpoints (CheckpointManager).
+"""The step loop of one rank: forward/backward over micro-batches (megatron's schedules, schedule.py), the
+gradient reduction, the numerical guard, the optimizer, then telemetry, signals, fault hooks and
+checkpoints (CheckpointManager). With `measure_comm` every collective of the step is timed (comm.py).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,14 @@ from .telemetry import TelemetryWriter
 class StepResult:
     loss: float
     step_time_s: float
-    comm_time_s: float  # comm_grad_reduce_s + comm_loss_allreduce_s
+    comm_time_s: float  # every collective of the step (sum of `comm`)
     grad_norm: float | None
     nonfinite: str = ""  # "loss", "grad", "loss+grad": the guard skipped this step's update
-    local_loss: float = math.nan  # this rank's own micro-batches' loss, before the DP all-reduce
-    comm_grad_reduce_s: float = 0.0  # finalize_model_grads (timed with measure_comm only)
-    comm_loss_allreduce_s: float = 0.0  # the loss all-reduce
+    local_loss: float = math.nan  # this rank's pipeline's loss of its own micro-batches, before the DP
+    # all-reduce
+    comm_grad_reduce_s: float = 0.0  # the collectives of finalize_model_grads (measure_comm only)
+    comm_loss_allreduce_s: float = 0.0  # the loss all-reduces
+    comm: dict[str, float] = field(default_factory=dict)  # seconds per collective ("ep.all_to_all_single")
 
 
 def physical_gpu(device: str, env: dict[str, str] | os._Environ[str] = os.environ) -> int | str | None:
@@ -63,8 +66,10 @@ class Trainer:
 
         from . import model as model_mod
         from .checkpoint import CheckpointManager, Fault
+        from .comm import CommTimer
         from .data import make_source
         from .guard import NumericalGuard
+        from .schedule import Schedule
 
         self.args, self.device, self.dp, self.tel = args, device, dp, tel
         self.ps = ps
@@ -96,6 +101,21 @@ class Trainer:
             fault=Fault(args.fault_crash_in_save, args.fault_crash_rank),
             good_after_steps=args.ckpt_good_after_steps,
         )
+        self.pp = args.pp
+        self.schedule = Schedule(
+            self.built,
+            self.source,
+            device=dev,
+            mask=self.mask,
+            position_ids=self.pos,
+            num_micro=self.num_micro,
+            micro_batch_size=args.micro_batch_size,
+            seq_length=seq,
+            dp_rank=self.dp_rank,
+        )
+        self.comm = CommTimer(device)
+        if args.measure_comm:
+            self.comm.install()
         self.guard = (
             NumericalGuard(args.max_nonfinite_skips, args.max_nonfinite_rewinds, dev)
             if args.check_for_nan_in_loss_and_grad
@@ -108,16 +128,13 @@ class Trainer:
             "seed": a.seed,
             "world_size": dist.get_world_size(),
             "tp": a.tp,
+            "pp": a.pp,
             "ep": a.ep,
             "dp": self.dp,
             "global_batch_size": self.global_batch,
             "seq_length": a.seq_length,
             "data": a.data_path or "synthetic",
         }
-
-    def _sync(self) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
 
     def _inject_nan(self, step: int, attempt: int) -> bool:
         a = self.args
@@ -128,59 +145,51 @@ class Trainer:
         )
 
     def train_step(self, step: int, attempt: int = 0) -> StepResult:
+        t0 = time.perf_counter()
+        with self.comm.step():
+            r = self._step(step, attempt)
+        r.step_time_s = time.perf_counter() - t0  # every path of _step ends with a synchronising .item()
+        if self.args.measure_comm:
+            r.comm = self.comm.collect()
+            r.comm_time_s = sum(r.comm.values())
+            r.comm_grad_reduce_s = sum(v for k, v in r.comm.items() if k.startswith("grad:"))
+            r.comm_loss_allreduce_s = sum(v for k, v in r.comm.items() if k.startswith("loss:"))
+        return r
+
+    def _step(self, step: int, attempt: int) -> StepResult:
         from megatron.core.distributed import finalize_model_grads
 
-        b = self.built
-        t0 = time.perf_counter()
+        b, comm = self.built, self.comm
         b.model.zero_grad_buffer()
         b.optimizer.zero_grad()
-        total = torch.zeros((), dtype=torch.float32, device=self.dev)
-        poison = self._inject_nan(step, attempt)
-        for micro in range(self.num_micro):
-            batch = self.source.batch(step, self.dp_rank, micro)
-            tokens = batch.tokens.to(self.dev, non_blocking=True)
-            labels = batch.labels.to(self.dev, non_blocking=True)
-            out = b.model(tokens, self.pos, self.mask, labels=labels)  # per-token CE [b, s]
-            loss = out.float().mean() / self.num_micro
-            if poison:
-                loss = loss * float("nan")  # fault injection: a NaN loss, and so NaN gradients
-            loss.backward()
-            total += loss.detach()
-        comm_grad = 0.0
-        if self.args.measure_comm:
-            self._sync()
-            tc = time.perf_counter()
-        finalize_model_grads([b.model])  # DP + expert-DP grad all-reduce, SP/TP norm grads
-        if self.args.measure_comm:
-            self._sync()
-            comm_grad = time.perf_counter() - tc
+        with comm.phase("fwd-bwd"):  # MoE dispatch/combine, sequence-parallel gathers, pipeline transfers
+            total = self.schedule.run(step, poison=self._inject_nan(step, attempt))
+        with comm.phase("grad"):
+            finalize_model_grads([b.model])  # DP + expert-DP grad all-reduce, SP/TP norm grads, embeddings
         if self.guard is not None:
             grads = [p.main_grad for p in b.model.parameters() if getattr(p, "main_grad", None) is not None]
-            verdict = self.guard.check(total, grads)
+            with comm.phase("guard"):
+                verdict = self.guard.check(total, grads)  # ends with .item(): synchronised
             if verdict.bad:  # no optimizer update: the weights stay those of the last healthy step
-                return StepResult(
-                    math.nan, time.perf_counter() - t0, comm_grad, None, verdict.what,
-                    comm_grad_reduce_s=comm_grad,
-                )  # fmt: skip
+                return StepResult(math.nan, 0.0, 0.0, None, verdict.what)
         grad_norm: float | None = None
-        if b.optimizer_impl == "megatron":
-            ok, gn, _ = b.optimizer.step()
-            if not ok:
-                raise RuntimeError(f"optimizer step {step} skipped (non-finite gradients)")
-            grad_norm = float(gn) if gn is not None else None
-        else:
-            for w in b.model.parameters():
-                w.grad = w.main_grad
-            b.optimizer.step()
-        local = total.clone()  # queued before the in-place all-reduce: this rank's own loss
-        tc = time.perf_counter()
-        dist.all_reduce(total, group=self.ps.get_data_parallel_group())
+        with comm.phase("optimizer"):  # megatron's optimizer reduces the gradient norm over model parallel
+            if b.optimizer_impl == "megatron":
+                ok, gn, _ = b.optimizer.step()
+                if not ok:
+                    raise RuntimeError(f"optimizer step {step} skipped (non-finite gradients)")
+                grad_norm = float(gn) if gn is not None else None
+            else:
+                for w in b.model.parameters():
+                    w.grad = w.main_grad
+                b.optimizer.step()
+        with comm.phase("loss"):
+            if self.pp > 1:  # the loss is on the last stage: give it to every stage (the others add 0)
+                dist.all_reduce(total, group=self.ps.get_pipeline_model_parallel_group())
+            local = total.clone()  # queued before the in-place all-reduce: this pipeline's own loss
+            dist.all_reduce(total, group=self.ps.get_data_parallel_group())
         value = total.item() / self.dp  # .item() synchronises the device
-        comm_loss = time.perf_counter() - tc
-        return StepResult(
-            value, time.perf_counter() - t0, comm_grad + comm_loss, grad_norm,
-            local_loss=local.item(), comm_grad_reduce_s=comm_grad, comm_loss_allreduce_s=comm_loss,
-        )  # fmt: skip
+        return StepResult(value, 0.0, 0.0, grad_norm, local_loss=local.item())
 
     _last_skipped = False
 
@@ -245,6 +254,7 @@ class Trainer:
             device=self.device,
             backend=dist.get_backend(),
             transformer_impl=self.built.transformer_impl,
+            attention=self.built.attention,
             optimizer_impl=self.built.optimizer_impl,
             num_params=self.built.num_params,
             num_microbatches=self.num_micro,
@@ -260,7 +270,7 @@ class Trainer:
         start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)
         if self.rank == 0:
             print(
-                f"lcm-train: world {dist.get_world_size()} tp {a.tp} ep {a.ep} dp {self.dp} "
+                f"lcm-train: world {dist.get_world_size()} tp {a.tp} pp {a.pp} ep {a.ep} dp {self.dp} "
                 f"device {self.device} "
                 f"params/rank {self.built.num_params} start step {start + 1} of {a.train_iters}",
                 flush=True,
@@ -298,6 +308,7 @@ class Trainer:
                 rec["comm_time_s"] = round(r.comm_time_s, 6)
                 rec["comm_grad_reduce_s"] = round(r.comm_grad_reduce_s, 6)
                 rec["comm_loss_allreduce_s"] = round(r.comm_loss_allreduce_s, 6)
+                rec["comm"] = r.comm
             if r.grad_norm is not None:
                 rec["grad_norm"] = r.grad_norm
             self.tel.emit(EVENT_STEP, **rec)

@@ -91,24 +91,32 @@ def _wait_for_no_leftovers(tag: str, within_s: float = 10.0) -> list[str]:
 
 
 def run_direct(
-    run_dir: Path, extra: list[str], on_start=None, env_extra: dict[str, str] | None = None, model=None
+    run_dir: Path,
+    extra: list[str],
+    on_start=None,
+    env_extra: dict[str, str] | None = None,
+    model=None,
+    nproc: int = 2,
+    save: bool = True,
 ) -> Run:
-    """Two ranks started directly (env:// rendezvous as torchrun would set it); `env_extra` e.g.
-    TORCHELASTIC_RESTART_COUNT to stand for a restart."""
+    """`nproc` ranks (default 2) started directly (env:// rendezvous as torchrun would set it);
+    `env_extra` e.g. TORCHELASTIC_RESTART_COUNT to stand for a restart; `save=False`: no --save of
+    <run_dir>/ckpt (the caller passes its own --save/--load)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex
     env = _env(tag)
-    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **(env_extra or {}))
+    env.update(
+        WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), **(env_extra or {})
+    )
     args = [
         *(MODEL if model is None else model),
-        "--save",
-        str(run_dir / "ckpt"),
+        *(["--save", str(run_dir / "ckpt")] if save else []),
         "--telemetry-dir",
         str(run_dir / "telemetry"),
         *extra,
     ]
     logs, procs = [], []
-    for rank in range(2):
+    for rank in range(nproc):
         log = open(run_dir / f"rank{rank}.log", "ab")  # noqa: SIM115
         logs.append(log)
         e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
@@ -127,7 +135,7 @@ def run_direct(
                 p.kill()
         for log in logs:
             log.close()
-    text = "\n".join((run_dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(2))
+    text = "\n".join((run_dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(nproc))
     return Run(run_dir, codes, tag, text)
 
 

@@ -48,7 +48,7 @@ def test_train_args_use_megatron_names() -> None:
         return args[args.index(flag) + 1]
 
     assert value("--tensor-model-parallel-size") == "4"
-    assert value("--pipeline-model-parallel-size") == "1"
+    assert value("--pipeline-model-parallel-size") == "2"
     assert value("--expert-model-parallel-size") == "2"
     assert value("--telemetry-dir") == "/run/telemetry"
     assert "--bf16" in args and "--use-flash-attn" in args and value("--device") == "cuda"
@@ -69,22 +69,23 @@ def test_train_args_use_megatron_names() -> None:
         ({"model": {"ep": 3}}, "model.num_experts = 4: expected a multiple of model.ep (3)"),
         (
             {"model": {"num_experts": 8, "ep": 8}},
-            "the world size (nodes x procs_per_node) = 4: expected a multiple of EP (8) x ETP (1) x PP (1)",
+            "the world size (nodes x procs_per_node) = 4: expected a multiple of EP (8) x ETP (1) x PP (2)",
         ),
         (
             {"nodes": 3, "model": {"tp": 4}},
-            "the world size (nodes x procs_per_node) = 6: expected a multiple of TP (4) x PP (1) = 4",
+            "the world size (nodes x procs_per_node) = 6: expected a multiple of TP (4) x PP (2) = 8",
         ),
         (
             {"model": {"global_batch_size": 6}},
-            "model.global_batch_size = 6: expected a multiple of model.micro_batch_size (2) x DP (4) = 8",
-        ),
-        (
-            {"model": {"use_flash_attn": True}},
-            "model.use_flash_attn = true: expected no flash attention with gpus_per_node = 0 (CPU)",
+            "model.global_batch_size = 6: expected a multiple of model.micro_batch_size (2) x DP (2) = 4",
         ),
         ({"model": {"bf16": True}}, "model.bf16 = true: expected no bf16 with gpus_per_node = 0 (CPU)"),
-        ({"model": {"pp": 2}}, "model.pp = 2: expected 1: pipeline parallelism is not implemented"),
+        ({"model": {"pp": 4}}, "model.num_layers = 2: expected a multiple of model.pp (4)"),
+        (
+            {"gpus_per_node": 1, "model": {"hidden_size": 48, "num_attention_heads": 4}},
+            "model.use_flash_attn = true: expected a head size the fused attention kernels take: "
+            "model.hidden_size (48) / model.num_attention_heads (4) = 12, must be a multiple of 8",
+        ),
         ({"model": {"micro_batch_size": 0}}, "model.micro_batch_size = 0: expected a positive integer (> 0)"),
         ({"train_iters": 0}, "train_iters = 0: expected a positive integer (> 0)"),
         # what megatron-core itself would refuse at start-up, after the launch
@@ -300,3 +301,41 @@ def test_validation_needs_no_torch() -> None:
         "assert 'torch' not in sys.modules and 'megatron' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def _h200() -> dict:
+    return yaml.safe_load((ROOT / "configs" / "h200.yml").read_text())
+
+
+def test_h200_carries_the_module_layout() -> None:
+    cfg = config.from_dict(_h200(), "h200.yml")
+    m = cfg.model
+    assert (m.tp, m.pp, m.ep, m.seq_length, m.use_flash_attn, m.bf16) == (4, 2, 2, 8192, True, True)
+    assert cfg.nodes * cfg.procs_per_node == 16
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [  # each breaks one rule of the TP4 x PP2 x EP2 layout over 2 x 8 GPUs, named before any launch
+        ({"num_attention_heads": 18}, "model.num_attention_heads = 18: expected a multiple of model.tp (4)"),
+        ({"num_layers": 13}, "model.num_layers = 13: expected a multiple of model.pp (2)"),
+        ({"num_experts": 7}, "model.num_experts = 7: expected a multiple of model.ep (2)"),
+        (
+            {"seq_length": 8190},
+            "model.seq_length = 8190: expected a multiple of model.tp (4) (sequence parallel",
+        ),
+        (
+            {"global_batch_size": 31},
+            "model.global_batch_size = 31: expected a multiple of model.micro_batch_size",
+        ),
+        ({"ep": 4}, "expected a multiple of EP (4) x ETP (4) x PP (2) = 32"),
+        ({"pp": 4}, "expected a multiple of EP (2) x ETP (4) x PP (4) = 32"),
+        ({"hidden_size": 8192, "num_attention_heads": 16}, "= 512, must be a multiple of 8 and at most 256"),
+    ],
+)
+def test_h200_layout_errors_name_the_field(model: dict, message: str) -> None:
+    data = _h200()
+    data["model"] = {**data["model"], **model}
+    with pytest.raises(config.ConfigError) as err:
+        config.from_dict(data, "h200.yml")
+    assert any(message in p for p in err.value.problems), err.value.problems

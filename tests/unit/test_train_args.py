@@ -25,8 +25,18 @@ def test_valid_minimal_parses_with_megatron_names() -> None:
     ("extra", "message"),
     [
         (
-            ["--pipeline-model-parallel-size", "2"],
-            "--pipeline-model-parallel-size 2: expected 1: pipeline parallelism is not implemented",
+            ["--pipeline-model-parallel-size", "3"],
+            "--num-layers 2: expected a multiple of --pipeline-model-parallel-size (3)",
+        ),
+        (
+            ["--use-flash-attn", "--hidden-size", "1280", "--num-attention-heads", "4"],
+            "--use-flash-attn: expected a head size the fused attention kernels take: --hidden-size (1280) / "
+            "--num-attention-heads (4) = 320, must be a multiple of 8 and at most 256",
+        ),
+        (
+            ["--use-flash-attn", "--hidden-size", "48", "--num-attention-heads", "4", "--device", "cuda"],
+            "--use-flash-attn: expected a head size the fused attention kernels take: --hidden-size (48) / "
+            "--num-attention-heads (4) = 12, must be a multiple of 8",
         ),
         (["--fp16"], "--fp16 is not supported"),
         (
@@ -75,10 +85,6 @@ def test_valid_minimal_parses_with_megatron_names() -> None:
             "--ffn-hidden-size 130: expected a multiple of --expert-tensor-parallel-size (4)",
         ),
         (["--seed", "-1"], "--seed -1: expected in 0..9223372036854775807"),
-        (
-            ["--device", "cpu", "--use-flash-attn"],
-            "--use-flash-attn: expected no flash attention with --device (cpu)",
-        ),
     ],
 )
 def test_static_errors_are_specific(extra: list[str], message: str) -> None:
@@ -127,10 +133,27 @@ def test_dp_size_and_microbatches() -> None:
     assert validate_world(a, 4) == 4  # EP is carved out of DP; 16 / (2 x 4) = 2 micro-batches
 
 
-def test_flash_attention_without_kernel_fails_clearly() -> None:
+def test_flash_attention_without_transformer_engine_is_sdpa() -> None:
+    from lcm_runner.train.model import attention_kind
+
     a = parse_args([*BASE, "--use-flash-attn"])
-    with pytest.raises(ArgError, match="--use-flash-attn needs Transformer Engine"):
-        resolve_impl(a, "cpu")
+    assert resolve_impl(a, "cpu") == "local" and attention_kind(a, "local") == "sdpa"
+    assert attention_kind(parse_args(BASE), "local") == "unfused"
+    assert attention_kind(a, "transformer_engine") == "te"
+    # a head size no fused kernel takes is refused on GPUs, allowed on CPU (SDPA's math path)
+    parse_args([*BASE, "--use-flash-attn", "--hidden-size", "1280", "--device", "cpu"])
+
+
+def test_pipeline_layout_against_the_world() -> None:
+    a = parse_args([*BASE, "--pipeline-model-parallel-size", "2", "--expert-model-parallel-size", "2",
+                    "--global-batch-size", "8"])  # fmt: skip
+    assert validate_world(a, 4) == 2  # DP = 4 / (TP 1 x PP 2)
+    with pytest.raises(
+        ArgError, match=r"world size 6: expected a multiple of EP \(2\) x ETP \(1\) x PP \(2\) = 4"
+    ):
+        validate_world(a, 6)
+    with pytest.raises(ArgError, match=r"world size 3: expected a multiple of TP \(1\) x PP \(2\) = 2"):
+        validate_world(a, 3)
 
 
 def test_transformer_engine_requested_but_missing() -> None:
@@ -149,8 +172,8 @@ def test_optimizer_choice() -> None:
 
 
 def test_cli_returns_bad_args_code_before_starting(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*BASE, "--pipeline-model-parallel-size", "2"]) == ExitCode.BAD_ARGS
-    assert "pipeline-model-parallel-size" in capsys.readouterr().err
+    assert main([*BASE, "--pipeline-model-parallel-size", "3"]) == ExitCode.BAD_ARGS
+    assert "pipeline-model-parallel-size (3)" in capsys.readouterr().err
 
 
 def test_cli_registers_as_subcommand() -> None:
