@@ -68,6 +68,7 @@ def group_names() -> list[tuple[Any, str]]:
         ("dp", ps.get_data_parallel_group),
         ("dp", lambda: ps.get_data_parallel_group(with_context_parallel=True)),
         ("edp", ps.get_expert_data_parallel_group),
+        ("tp-ep", ps.get_expert_tensor_and_model_parallel_group),
         ("embd", ps.get_embedding_group),
         ("mp", ps.get_model_parallel_group),
     ]

@@ -23,7 +23,8 @@ def _lab() -> dict:
 @pytest.mark.parametrize("name", ["lab.yml", "h200.yml"])
 def test_shipped_configs_load(name: str) -> None:
     cfg = config.load_run_config(ROOT / "configs" / name)
-    assert cfg.targets.nccl_fraction_max == 0.30
+    # the module's SLO; the CPU lab's communication includes gloo's waits and the pipeline bubble
+    assert cfg.targets.nccl_fraction_max == (0.80 if name == "lab.yml" else 0.30)
     assert cfg.world_size == cfg.nodes * cfg.procs_per_node
 
 
