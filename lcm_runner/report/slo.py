@@ -221,10 +221,25 @@ def stop_notes(stages: dict[str, dict[str, Any]]) -> list[str]:
 def build_rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:
     rows = _rows(stages, t)
     note = resume_kill_note(stages)
+    comm = comm_note(stages)
     for r in rows:
         if r.key == "resume_s" and note and r.value is not None:
             r.note = note
+        if r.key == "comm_fraction" and comm and r.value is not None:
+            r.note = comm
     return rows
+
+
+def comm_note(stages: dict[str, dict[str, Any]], top: int = 4) -> str:
+    """The largest collectives of the baseline's communication share: `fwd-bwd:pp.batch_isend_irecv 26 %`."""
+    metrics = (stages.get("baseline") or {}).get("metrics", {})
+    shares = [
+        (k.removeprefix("comm_fraction."), v)
+        for k, v in metrics.items()
+        if k.startswith("comm_fraction.") and isinstance(v, int | float)
+    ]
+    shares.sort(key=lambda kv: -kv[1])
+    return ", ".join(f"{name} {share * 100:.1f} %" for name, share in shares[:top])
 
 
 def _rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:

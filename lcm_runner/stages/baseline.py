@@ -60,6 +60,15 @@ def measure(records: list[telemetry.Record], train_iters: int) -> dict[str, floa
         "ckpt_bytes": float(by_step[max(by_step)]) if by_step else math.nan,
         "checkpoints": float(len(ckpt0)),
     }
+    per: dict[str, list[float]] = {}  # rank 0's share of each collective (lcm_runner/train/comm.py)
+    for r in steps0:
+        by = r.get("comm")
+        if isinstance(by, dict) and r.get("step_time_s"):
+            for name, t in by.items():
+                if isinstance(t, int | float):
+                    per.setdefault(str(name), []).append(float(t) / float(r.get("step_time_s")))
+    for name, shares in sorted(per.items()):
+        m[f"comm_fraction.{name}"] = statistics.fmean(shares)
     if len(times) >= 4:
         half = len(times) // 2
         m["step_time_drift"] = statistics.median(times[half:]) / statistics.median(times[:half])

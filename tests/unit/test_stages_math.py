@@ -91,3 +91,22 @@ def test_scontrol_job_line_parsing() -> None:
     assert state_of({**f, "JobState": "REQUEUED"}).state == JobState.PENDING
     done = state_of({**f, "JobState": "FAILED", "ExitCode": "76:0"})
     assert done.state == JobState.FAILED and done.exit_codes == {"batch": 76}
+
+
+def test_measure_baseline_communication_per_collective_and_the_report_note() -> None:
+    from lcm_runner.report.slo import comm_note
+
+    recs = [
+        rec("step", 100 + s, 0, step=s, loss=1.0, step_time_s=0.2, tokens_per_s=1.0, comm_time_s=0.08,
+            comm={"fwd-bwd:pp.batch_isend_irecv": 0.05, "fwd-bwd:ep.all_to_all_single": 0.02 + 0.01 * (s % 2),
+                  "grad:dp.all_reduce": 0.01 - 0.01 * (s % 2)})
+        for s in range(1, 7)
+    ]  # fmt: skip
+    m = measure(recs, 6)
+    assert math.isclose(m["comm_fraction"], 0.4)
+    assert math.isclose(m["comm_fraction.fwd-bwd:pp.batch_isend_irecv"], 0.25)
+    assert math.isclose(m["comm_fraction.fwd-bwd:ep.all_to_all_single"], 0.12)  # steps 2-6 (1: warm-up)
+    assert math.isclose(m["comm_fraction.grad:dp.all_reduce"], 0.03)
+    note = comm_note({"baseline": {"metrics": m}}, top=2)
+    assert note == "fwd-bwd:pp.batch_isend_irecv 25.0 %, fwd-bwd:ep.all_to_all_single 12.0 %"
+    assert comm_note({"baseline": {"metrics": {"comm_fraction": 0.1}}}) == ""
