@@ -26,7 +26,8 @@ OPEN_ONLY_MODELS = ("b200",)
 
 
 def upstream_version(version: str) -> str:
-    """'1:535.309.01-0+deb12u1' -> '535.309.01'; '580.159.04-1' -> '580.159.04' (nvidia_checks.py's rule)."""
+    """'1:535.309.01-0+deb12u1' -> '535.309.01'; '580.159.04-1' -> '580.159.04' (also roles/nvidia_driver's
+    `upstream_version` filter)."""
     v = str(version).strip()
     v = v.split(":", 1)[1] if re.match(r"^\d+:", v) else v
     return v.split("-", 1)[0]

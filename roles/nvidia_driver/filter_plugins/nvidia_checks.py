@@ -5,21 +5,17 @@ Pure functions (unit-tested in tests/unit/test_nvidia_driver.py with real nvidia
 
 from __future__ import annotations
 
-import re
 from typing import Any
+
+# One copy of the Debian-version -> upstream-version rule, shared with the lock's validation
+# ('1:535.309.01-0+deb12u1' -> '535.309.01'); re-exported as this module's filter.
+from lcm_runner.spec.lock_nvidia import upstream_version
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA controller, 3D controller (H100/H200/B200 are 3D controllers)
 BRIDGE_CLASS = "0x0680"  # "Bridge: other": how NVSwitch chips appear on HGX boards
 
 SMI_QUERY = "index,name,driver_version,persistence_mode,pci.bus_id"
-
-
-def upstream_version(version: str) -> str:
-    """'1:535.309.01-0+deb12u1' -> '535.309.01'; '580.159.04-1' -> '580.159.04'; '580.159.04' unchanged."""
-    v = str(version).strip()
-    v = v.split(":", 1)[1] if re.match(r"^\d+:", v) else v
-    return v.split("-", 1)[0]
 
 
 def pci_inventory(lines: list[str]) -> dict[str, Any]:
