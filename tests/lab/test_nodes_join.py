@@ -4,8 +4,10 @@ docs/nodes.md), with a training job running on the two nodes all along.
 Run from the host with the lab up: `LCM_LAB=1 pytest -m lab tests/lab/test_nodes_join.py` (molecule verify
 runs it). The job is the baseline stage of configs/lab.yml slowed down (--step-sleep-ms) so that lab-node3's
 whole add happens while it trains; its losses are compared bit for bit with the baseline of the session's
-lab run (`lab_run_result`, the same config: CPU runs are deterministic). The durations of the add and the
-removal are written to .cache/test-logs/nodes-drill.json (not asserted: docs/nodes.md quotes a committed run).
+lab run (`lab_run_result`, the same config: CPU runs are deterministic). The add's burn-in includes the
+cross-node all-reduce sweep of lab-node3 with lab-node1 (a partner running the job); both nodes' reports are
+asserted. The durations of the add and the removal (and the sweep's figure) are written to
+.cache/test-logs/nodes-drill.json (not asserted: docs/nodes.md quotes a committed run).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.lab
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = "lab-node3"
+PARTNER = "lab-node1"  # the cross-node sweep's partner of the single new node: the first one in service
 OLD = ["lab-ctl", "lab-node1", "lab-node2"]
 # Per step: the 30 steps (about 3.5 min) outlast the add's last part (monitoring, burn-in, join: about 2 min).
 STEP_SLEEP_MS = int(os.environ.get("LCM_NODES_STEP_SLEEP_MS", "7000"))
@@ -185,6 +188,26 @@ def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int
     statuses = {c["name"]: c["status"] for c in health["checks"] + probe["checks"]}
     assert "fail" not in statuses.values(), statuses
     assert {"gemm", "copy", "allreduce"} <= {n for n, st in statuses.items() if st == "pass"}, statuses
+    # The cross-node sweep: lab-node3 with lab-node1 (both other nodes run the job; on CPU nodes a busy node
+    # is a partner), one gloo process each, started at once, met at lab-node3; figure >= the floor.
+    assert f"add_nodes: cross-node all-reduce: {NEW} with {PARTNER} (in service, running jobs" in text
+    sweep = {}
+    for rank, node in enumerate((NEW, PARTNER)):
+        report = json.loads(_on(node, "cat", "/var/lib/lcm/health/burn-in-cluster.json").stdout)
+        check = next(c for c in report["checks"] if c["name"] == "allreduce")
+        assert check["status"] == "pass" and check["scope"] == "cluster", check
+        details = check["details"]
+        assert (details["nnodes"], details["node_rank"], details["ranks"]) == (2, rank, 2), details
+        # the lab's floor: cluster.health.thresholds.none.busbw_cluster_gbps
+        assert check["threshold"] == 0.005 and check["value"] >= check["threshold"], check
+        sweep[node] = {
+            "busbw_gbps": check["value"],
+            "master": details["master"],
+            "probe_s": report["duration_s"],
+        }
+    assert sweep[NEW]["master"] == sweep[PARTNER]["master"]
+    timings["sweep_busbw_gbps"] = sweep[NEW]["busbw_gbps"]
+    timings["sweep_probe_s"] = max(v["probe_s"] for v in sweep.values())
     assert _wait(f"Prometheus scraping {NEW}", lambda: _prometheus_up(NEW) == ["1"], timeout=60)
 
     # 3. The job was not disturbed: it finishes its 30 steps, once, with the reference losses.
