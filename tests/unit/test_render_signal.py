@@ -52,6 +52,7 @@ def test_usr1_checkpoints_and_requests_requeue(tmp_path: Path) -> None:
         fault={"kill_at_step": 3000, "kill_node": 0},
     )
     data["model"]["global_batch_size"] = 4
+    data["model"]["pp"] = 1  # a world of 2 holds EP=2 only (the lab's PP=2 x EP=2 needs 4 ranks)
     cfg = config.from_dict(data)
     out = render.render_run(config.load_cluster(ROOT / "inventories" / "lab"), cfg, tmp_path / "run")
     func = out.sbatch.read_text().split("lcm_node() {", 1)[1].split("\n}\n", 1)[0]
