@@ -112,8 +112,8 @@ def _cpu_numpy_or_tensor(tensor: Any, as_numpy: bool = False, record_stream: boo
 
 
 class _TorchOnCPU(types.ModuleType):
-    """`torch` as megatron's schedules see it: the same module, except that a tensor created with
-    `device="cuda"` is created on the CPU (their per-step token counter)."""
+    """`torch` as megatron's schedules see it: the same module, except that `torch.zeros(...,
+    device="cuda")` (their per-step token counter, the only tensor they create) is created on the CPU."""
 
     def __init__(self) -> None:
         super().__init__("torch")
@@ -130,12 +130,6 @@ class _TorchOnCPU(types.ModuleType):
 
     def zeros(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return torch.zeros(*args, **self._cpu(kwargs))
-
-    def empty(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.empty(*args, **self._cpu(kwargs))
-
-    def tensor(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return torch.tensor(*args, **self._cpu(kwargs))
 
 
 _ALL_GATHER = torch.distributed.all_gather

@@ -122,15 +122,16 @@ class Trainer:
             else None
         )
 
+    def layout(self) -> dict[str, int]:
+        """The parallel layout, as the checkpoint's meta and the `start` event record it."""
+        a = self.args
+        return {"world_size": dist.get_world_size(), "tp": a.tp, "pp": a.pp, "ep": a.ep, "dp": self.dp}
+
     def meta(self) -> dict[str, Any]:
         a = self.args
         return {
             "seed": a.seed,
-            "world_size": dist.get_world_size(),
-            "tp": a.tp,
-            "pp": a.pp,
-            "ep": a.ep,
-            "dp": self.dp,
+            **self.layout(),
             "global_batch_size": self.global_batch,
             "seq_length": a.seq_length,
             "data": a.data_path or "synthetic",
@@ -245,11 +246,7 @@ class Trainer:
             latest = None
         self.tel.emit(
             EVENT_START,
-            world_size=dist.get_world_size(),
-            tp=a.tp,
-            pp=a.pp,
-            ep=a.ep,
-            dp=self.dp,
+            **self.layout(),
             resumed_from=latest,
             device=self.device,
             backend=dist.get_backend(),
