@@ -62,6 +62,7 @@ SETTINGS = {
     "nccl_install_method": "nccl",
     "nccl_artifacts": "nccl",
     "enroot_caps": "enroot",
+    "enroot_install_method": "enroot",
 }
 
 
@@ -153,7 +154,11 @@ def layer_needs(cluster: Mapping[str, Any], settings: Mapping[str, Any]) -> list
         need("nccl", "artifacts", settings["nccl_artifacts"])
     if layers["enroot"]:
         need("enroot", "packages", role_value("enroot", "_enroot_dep_packages"))
-        need("enroot", "artifacts", ["enroot", "enroot_caps"] if settings["enroot_caps"] else ["enroot"])
+        if settings["enroot_install_method"] == "source":  # roles/enroot/tasks/install_source.yml
+            need("enroot", "packages", role_value("enroot", "_enroot_build_packages"))
+            need("enroot", "artifacts", ["enroot_src"])
+        else:
+            need("enroot", "artifacts", ["enroot", "enroot_caps"] if settings["enroot_caps"] else ["enroot"])
     if layers["pyxis"]:
         need("pyxis", "packages", role_value("pyxis", "_pyxis_build_packages"))
         need("pyxis", "artifacts", ["pyxis"])  # roles/pyxis/tasks/install.yml
@@ -292,7 +297,14 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
         e += _same(
             lock, "munge and its library", [("packages", n) for n in role_value("munge", "_munge_packages")]
         )
-    if layers["enroot"] and s["enroot_caps"]:
+    if layers["enroot"]:
+        # a cluster may mix paths over time (a site moving from its own build to the .debs): one release
+        e += _same(
+            lock,
+            "the release .debs and the source build are one Enroot release",
+            [("artifacts", "enroot_src"), ("artifacts", "enroot")],
+        )
+    if layers["enroot"] and s["enroot_caps"] and s["enroot_install_method"] != "source":
         e += _same(
             lock,
             "enroot+caps is built for one enroot",

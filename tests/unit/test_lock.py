@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lcm_runner.lock import LockError, load_lock, main, match_file, update
+from lcm_runner.lock import LockError, load_lock, main, match_file, render_artifacts, update
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +30,8 @@ def test_repo_lock_shape() -> None:
         "doca_ofed",
         "nccl",
         "enroot",
+        "enroot_caps",
+        "enroot_src",
         "pyxis",
         "dcgm",
         "dcgm_exporter",
@@ -45,13 +47,19 @@ def test_repo_lock_shape() -> None:
 def test_update_locks_existing_version(lock: Path, tmp_path: Path) -> None:
     d = tmp_path / "dl"
     d.mkdir()
-    (d / "enroot_3.5.0-1_amd64.deb").write_bytes(b"enroot deb bytes")
+    (d / "enroot_4.1.2-1_amd64.deb").write_bytes(b"enroot deb bytes")
     before = lock.read_text()
     (change,) = update(lock, d)
     assert change.name == "enroot" and change.old_sha256 is None
+    assert change.old_version == change.new_version == "4.1.2"
     got = load_lock(lock)["artifacts"]["enroot"]
     assert got["sha256"] == hashlib.sha256(b"enroot deb bytes").hexdigest()
-    assert got["version"] == "3.5.0"
+    assert got["version"] == "4.1.2"
+    assert got["url"] == "https://github.com/NVIDIA/enroot/releases/download/v4.1.2/enroot_4.1.2-1_amd64.deb"
+    # the other entries are untouched: enroot_caps stays unlocked, the source tarball keeps its sha256
+    arts, repo = load_lock(lock)["artifacts"], load_lock(ROOT / "versions.lock.yml")["artifacts"]
+    assert arts["enroot_caps"] == repo["enroot_caps"] and arts["enroot_caps"]["sha256"] is None
+    assert arts["enroot_src"] == repo["enroot_src"]
     # everything above the artifacts block is byte-identical (comments kept)
     head = before[: before.index("  artifacts:")]
     assert lock.read_text().startswith(head)
@@ -61,19 +69,35 @@ def test_update_locks_existing_version(lock: Path, tmp_path: Path) -> None:
 def test_update_moves_version_by_template(lock: Path, tmp_path: Path) -> None:
     d = tmp_path / "dl"
     d.mkdir()
-    (d / "pyxis-0.21.0.tar.gz").write_bytes(b"pyxis source")
-    update(lock, d)
+    (d / "pyxis-0.25.0.tar.gz").write_bytes(b"pyxis source")
+    (change,) = update(lock, d)
+    assert (change.old_version, change.new_version) == ("0.24.0", "0.25.0")
+    assert change.old_sha256 == load_lock(ROOT / "versions.lock.yml")["artifacts"]["pyxis"]["sha256"]
+    assert "0.24.0 -> 0.25.0" in str(change) and "(changed)" in str(change)
     got = load_lock(lock)["artifacts"]["pyxis"]
-    assert got["version"] == "0.21.0"
-    assert got["filename"] == "pyxis-0.21.0.tar.gz"
-    assert got["url"] == "https://github.com/NVIDIA/pyxis/archive/refs/tags/v0.21.0.tar.gz"
+    assert got["version"] == "0.25.0"
+    assert got["filename"] == "pyxis-0.25.0.tar.gz"
+    assert got["url"] == "https://github.com/NVIDIA/pyxis/archive/refs/tags/v0.25.0.tar.gz"
     assert got["sha256"] == hashlib.sha256(b"pyxis source").hexdigest()
+    assert got["note"] == load_lock(ROOT / "versions.lock.yml")["artifacts"]["pyxis"]["note"]
+
+
+def test_update_moves_the_enroot_source_by_template(lock: Path, tmp_path: Path) -> None:
+    d = tmp_path / "dl"
+    d.mkdir()
+    (d / "enroot-4.2.0.tar.gz").write_bytes(b"enroot source")
+    (change,) = update(lock, d)
+    assert change.name == "enroot_src" and (change.old_version, change.new_version) == ("4.1.2", "4.2.0")
+    got = load_lock(lock)["artifacts"]
+    assert got["enroot_src"]["url"] == "https://github.com/NVIDIA/enroot/archive/refs/tags/v4.2.0.tar.gz"
+    assert got["enroot_src"]["sha256"] == hashlib.sha256(b"enroot source").hexdigest()
+    assert got["enroot"]["version"] == "4.1.2", "the .deb entry moves only with its own file"
 
 
 def test_unmatched_file_refused_nothing_written(lock: Path, tmp_path: Path) -> None:
     d = tmp_path / "dl"
     d.mkdir()
-    (d / "enroot_3.5.0-1_amd64.deb").write_bytes(b"x")
+    (d / "enroot_4.1.2-1_amd64.deb").write_bytes(b"x")
     (d / "random-tool-1.0.tar.gz").write_bytes(b"y")
     before = lock.read_text()
     with pytest.raises(LockError, match=r"random-tool-1\.0\.tar\.gz: matches no artifact"):
@@ -85,6 +109,9 @@ def test_template_does_not_confuse_similar_names() -> None:
     arts = load_lock(ROOT / "versions.lock.yml")["artifacts"]
     assert match_file("enroot+caps_3.5.1-1_amd64.deb", arts) == ("enroot_caps", "3.5.1")
     assert match_file("enroot_3.5.1-1_amd64.deb", arts) == ("enroot", "3.5.1")
+    assert match_file("enroot-4.1.3.tar.gz", arts) == ("enroot_src", "4.1.3")
+    assert match_file("enroot_4.1.2-1_amd64.deb", arts) == ("enroot", "4.1.2")
+    assert match_file("pyxis-0.25.0.tar.gz", arts) == ("pyxis", "0.25.0")
     assert match_file("libnccl-dev_2.29.1-1+cuda13.0_amd64.deb", arts) == ("nccl_dev", "2.29.1-1+cuda13.0")
 
 
@@ -113,3 +140,11 @@ def test_rewritten_lock_is_stable(lock: Path, tmp_path: Path) -> None:
         yaml.safe_load(once)["lcm_lock"]["artifacts"]["prometheus"]["sha256"]
         == hashlib.sha256(b"p").hexdigest()
     )
+
+
+def test_repo_artifacts_block_is_in_the_canonical_format() -> None:
+    """`lock update` re-emits the whole artifacts block: the committed one must already read that way, so an
+    update's diff shows only what it locked (notes included: hand-wrapped notes would be re-wrapped)."""
+    text = (ROOT / "versions.lock.yml").read_text()
+    block = text[text.index("  artifacts:") :]
+    assert block == render_artifacts(load_lock(ROOT / "versions.lock.yml")["artifacts"])
