@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lcm_runner.config import ConfigError, RunConfig, load_cluster, load_run_config
+from lcm_runner.config import ConfigError, RunConfig, load_cluster, load_run_config, with_container
 from lcm_runner.contracts import AGENTS
 from lcm_runner.launch.base import LaunchError
 
@@ -77,6 +77,18 @@ def _common(p: argparse.ArgumentParser, config_required: bool = True) -> None:
         help="slow each step down (tiny CPU models) so operator actions land mid-run",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds any single wait may take")
+    p.add_argument(
+        "--container-image",
+        help="run every job step in this Pyxis image (a .sqsh path or a registry reference; overrides "
+        "the run config's container_image; needs the spec's layers.pyxis)",
+    )
+    p.add_argument(
+        "--container-mount",
+        action="append",
+        default=[],
+        metavar="SRC:DST[:FLAGS]",
+        help="one more container mount (repeatable), after the run dir, storage and textfile mounts",
+    )
     p.add_argument(
         "--spare-nodes", type=int, default=1, help="torchrun launcher: spare nodes for the node-loss relaunch"
     )
@@ -189,12 +201,19 @@ def make_context(ns: argparse.Namespace) -> Any:
     """Config + spec + launcher + run dir, all checked before anything starts."""
     from lcm_runner.stages.common import Progress, StageContext
 
-    cfg = load_run_config(ns.config)
+    cfg = with_container(
+        load_run_config(ns.config), getattr(ns, "container_image", None), getattr(ns, "container_mount", None)
+    )
     launcher_name = ns.launcher or cfg.launcher
     cluster = load_cluster(ns.inventory) if ns.inventory else None
     if launcher_name == "slurm" and cluster is None:
         raise UsageError(
             "the slurm launcher needs --inventory (the cluster spec the sbatch is rendered from)"
+        )
+    if cfg.container_image and launcher_name != "slurm":
+        raise UsageError(
+            f"container image {cfg.container_image}: only the slurm launcher runs jobs in containers "
+            "(srun --container-image through Pyxis); the local torchrun launcher would ignore it"
         )
     if ns.step_sleep_ms < 0 or ns.timeout <= 0 or ns.spare_nodes < 0:
         raise UsageError("--step-sleep-ms and --spare-nodes must be >= 0, --timeout > 0")

@@ -14,7 +14,7 @@ type checks, from_dict/to_dict, load_run_config, load_cluster through lcm_runner
 from __future__ import annotations
 
 from .argv import train_argv, trainer_args
-from .loading import cluster_spec_path, from_dict, load_cluster, load_run_config, to_dict
+from .loading import cluster_spec_path, from_dict, load_cluster, load_run_config, to_dict, with_container
 from .types import (
     DEFAULT_CKPT_WRITE_S_MAX,
     DEFAULT_NCCL_FRACTION_MAX,
@@ -60,4 +60,5 @@ __all__ = [
     "train_argv",
     "trainer_args",
     "validate",
+    "with_container",
 ]

@@ -115,6 +115,26 @@ def load_run_config(path: str | Path) -> RunConfig:
     return from_dict(data, str(path))
 
 
+def with_container(
+    cfg: RunConfig, image: str | None, mounts: list[str] | None = None, source: str = "command line"
+) -> RunConfig:
+    """cfg with the container image (and extra mounts) of the command line, validated as a whole
+    (ConfigError); unchanged when neither is given."""
+    if image is None and not mounts:
+        return cfg
+    out = dataclasses.replace(
+        cfg,
+        container_image=image if image is not None else cfg.container_image,
+        container_mounts=[*cfg.container_mounts, *[m for m in mounts or [] if m not in cfg.container_mounts]],
+    )
+    problems = validate(out)
+    if mounts and not out.container_image:
+        problems.append("--container-mount needs a container image (--container-image or container_image)")
+    if problems:
+        raise ConfigError(source, problems)
+    return out
+
+
 def to_dict(cfg: RunConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 

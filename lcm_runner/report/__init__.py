@@ -54,6 +54,8 @@ def build_report(
     stats = telemetry.ParseStats()
     records = telemetry.load_run(run_dir, stats=stats)
     nccl = _nccl(run_dir, rep.stages)
+    if note := slo.container_note(records):
+        rep.stops.append(note)
 
     from lcm_runner.report import plots
 

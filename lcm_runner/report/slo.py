@@ -218,6 +218,27 @@ def stop_notes(stages: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def container_note(records: list[Any]) -> str:
+    """Where the ranks ran, from their start events' `rootfs` (procutil.root_mount): inside an Enroot
+    container (Pyxis) or on the nodes; "" when none recorded it."""
+    roots = [str(r.get("rootfs")) for r in records if r.event == "start" and r.get("rootfs") is not None]
+    if not roots:
+        return ""
+    from lcm_runner.train.procutil import in_enroot_container
+
+    inside = sum(1 for root in roots if in_enroot_container(root))
+    jobs = {
+        str(r.job) for r in records if r.event == "start" and in_enroot_container(str(r.get("rootfs", "")))
+    }
+    if inside == len(roots):
+        return f"containers: all {inside} rank starts ran inside Pyxis containers ({len(jobs)} job(s))"
+    if inside == 0:
+        return f"containers: none; all {len(roots)} rank starts ran on the nodes' own root filesystem"
+    return (
+        f"containers: {inside} of {len(roots)} rank starts ran inside Pyxis containers, the rest on the nodes"
+    )
+
+
 def build_rows(stages: dict[str, dict[str, Any]], t: Targets) -> list[Row]:
     rows = _rows(stages, t)
     note = resume_kill_note(stages)

@@ -130,3 +130,34 @@ def install_checkpoint_results_queue() -> None:
         mgr.start(initializer=helper_init, initargs=(os.getpid(),))
     _manager = mgr
     filesystem_async._results_queue = mgr.Queue()
+
+
+def root_mount(mountinfo: str = "/proc/self/mountinfo") -> str:
+    """What this process's `/` is, from mountinfo: the mount's root field, plus ` upper=<upperdir>` when
+    it is an overlay. On a plain node "/" (a podman node: "/ upper=<podman's layer>"); inside an Enroot
+    container (Pyxis) it names Enroot's paths: "<ENROOT_DATA_PATH>/pyxis_<job>_<step>" for an unpacked
+    image, "/ upper=<ENROOT_RUNTIME_PATH>/overlay/upper" for one started from the squashfs (squashfuse).
+    The start event records it, so a run shows whether its ranks ran in a container. "" if unreadable."""
+    try:
+        with open(mountinfo, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    out = ""
+    for line in lines:
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if not sep or len(fields) < 5 or fields[4] != "/":
+            continue
+        out = fields[3]  # the last mount on / is the one in effect
+        rest = tail.split()
+        if rest and rest[0] == "overlay" and len(rest) > 2:
+            upper = [o for o in rest[2].split(",") if o.startswith("upperdir=")]
+            if upper:
+                out += " upper=" + upper[0].removeprefix("upperdir=")
+    return out
+
+
+def in_enroot_container(rootfs: str) -> bool:
+    """Whether a root_mount() value is an Enroot container's (Enroot's data or runtime paths)."""
+    return "/pyxis_" in rootfs or "/enroot/" in rootfs

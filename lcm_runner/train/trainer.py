@@ -27,6 +27,7 @@ from lcm_runner.contracts import (
 )
 
 from .args import TrainArgs
+from .procutil import root_mount
 from .telemetry import TelemetryWriter
 
 
@@ -262,6 +263,7 @@ class Trainer:
             host=socket.gethostname(),
             local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
             gpu=physical_gpu(self.device),
+            rootfs=root_mount(),
             durable=True,
         )
         start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)

@@ -237,16 +237,19 @@ def test_nccl_env_same_through_ansible_template_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("over", "message"),
+    ("over", "layers", "message"),
     [
-        ({"gpus_per_node": 8, "procs_per_node": 2}, "gpu.count_per_node=0"),
-        ({"partition": "gpu"}, "partition 'gpu' is not in the spec's slurm.partitions (batch)"),
-        ({"time_limit": "3:00:00"}, "exceeds partition batch's max_time 2:00:00"),
-        ({"time_limit": "00:02:00"}, "leaves no time before the SIGUSR1"),
-        ({"container_image": "img.sqsh"}, "layers.pyxis is false"),
+        ({"gpus_per_node": 8, "procs_per_node": 2}, {}, "gpu.count_per_node=0"),
+        ({"partition": "gpu"}, {}, "partition 'gpu' is not in the spec's slurm.partitions (batch)"),
+        ({"time_limit": "3:00:00"}, {}, "exceeds partition batch's max_time 2:00:00"),
+        ({"time_limit": "00:02:00"}, {}, "leaves no time before the SIGUSR1"),
+        # the lab enables Pyxis (tests/unit/test_container_cli.py): a spec without it
+        ({"container_image": "img.sqsh"}, {"pyxis": False}, "layers.pyxis is false"),
     ],
 )
-def test_config_that_does_not_fit_the_spec_is_refused(tmp_path: Path, over: dict, message: str) -> None:
+def test_config_that_does_not_fit_the_spec_is_refused(
+    tmp_path: Path, over: dict, layers: dict, message: str
+) -> None:
     data = yaml.safe_load((ROOT / "configs" / "lab.yml").read_text())
     for k, v in over.items():
         if v is None:
@@ -254,8 +257,10 @@ def test_config_that_does_not_fit_the_spec_is_refused(tmp_path: Path, over: dict
         else:
             data[k] = v
     cfg = config.from_dict(data)
+    cluster = _cluster(LAB)
+    cluster["layers"].update(layers)
     with pytest.raises(render.RenderError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        render.render_run(_cluster(LAB), cfg, tmp_path / "r")
+        render.render_run(cluster, cfg, tmp_path / "r")
     assert not (tmp_path / "r").exists()  # nothing written
 
 
