@@ -177,12 +177,12 @@ class SlurmLauncher:
             return HardKill(time.time(), job_ended=st.state.finished, note=f"job was {was}: nothing to kill")
         nodes = list(job.nodes)
         ts = time.time()
-        answers = self._on_nodes(job, nodes, "kill-all", step_only=True)
+        answers = self._on_nodes_while_running(job, nodes, "kill-all", step_only=True)
         killed = [procs.Proc(**p) for ans in answers for p in ans["procs"]]
         if count_ranks(killed) < job.spec.world_size:
             # the step filter missed ranks (LCM_NODE is not the hostname there?): at once, every
             # process of the job, the batch shell too (it then ends the job without a requeue)
-            more = self._on_nodes(job, nodes, "kill-all")
+            more = self._on_nodes_while_running(job, nodes, "kill-all")
             killed += [procs.Proc(**p) for ans in more for p in ans["procs"]]
         st = self.wait(job, 30.0)
         left: list[procs.Proc] = []
@@ -219,6 +219,19 @@ class SlurmLauncher:
                 f"{len(nodes)} expected: {out[-300:]}"
             )
         return answers
+
+    def _on_nodes_while_running(
+        self, job: Job, nodes: list[str], action: str, step_only: bool = False
+    ) -> list[dict[str, Any]]:
+        """_on_nodes, where a job that ended meanwhile is no error: a step cannot join a finished job
+        (srun: "Slurm job N has expired"), and there is nothing left to act on. With containers that
+        start from the squashfs, a job whose ranks were just killed ends within a second."""
+        try:
+            return self._on_nodes(job, nodes, action, step_only)
+        except LaunchError:
+            if self.status(job).state.finished:
+                return []
+            raise
 
     # --- faults ----------------------------------------------------------------------------------
     def kill_trainer(self, job: Job, node: str) -> float:

@@ -15,7 +15,7 @@ from srunlabel import labelled
 
 from lcm_runner import telemetry
 from lcm_runner.config import from_dict
-from lcm_runner.launch.base import HardKill, Job, JobSpec
+from lcm_runner.launch.base import HardKill, Job, JobSpec, LaunchError
 from lcm_runner.launch.slurm import SlurmLauncher, kill_job_argv
 from lcm_runner.launch.torchrun import LocalLauncher
 from lcm_runner.stages import resume
@@ -232,6 +232,54 @@ def test_slurm_kill_job_that_does_not_end_kills_everything_then_scancels(
     assert sruns[1][-6:] == [PY, "-m", "lcm_runner.launch.procs", "kill-all", "--tag", "run/42"]
     assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", "42"]]  # after the SIGKILLs
     assert kill.job_ended and set(kill.left) == {"lab-node1", "lab-node2"}
+
+
+class EndsBetweenSteps(FakeSlurm):
+    """The step-filtered kill finds only one node's rank and the job ends right after it: the next
+    `srun --overlap --jobid` is refused like Slurm 22.05 refuses a step of a finished job."""
+
+    def __call__(self, argv: list[str], timeout: float, check: bool, env: dict[str, str] | None) -> str:
+        if argv[0] == "srun" and self.state != "RUNNING":
+            self.calls.append(argv)
+            raise LaunchError(f"{' '.join(argv[:6])} failed (1): srun: error: Slurm job 42 has expired")
+        out = super().__call__(argv, timeout, check, env)
+        if argv[0] == "srun" and "--node" in " ".join(argv):
+            self.state = "FAILED"
+            out = labelled(
+                [
+                    json.dumps({"ts": 1.0, "action": "kill-all", "procs": _procs("lab-node1")}) + "\n",
+                    json.dumps({"ts": 1.0, "action": "kill-all", "procs": []}) + "\n",
+                ],
+                piece=64,
+            )
+        return out
+
+
+def test_slurm_kill_job_that_ends_before_the_second_kill_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Containers started from the squashfs end a killed job within a second (the lab's fault stage
+    met this): the fallback kill of every process finds the job gone, which is what it wanted."""
+    fake = EndsBetweenSteps()
+    launcher, job = _slurm(tmp_path, fake, monkeypatch)
+    kill = launcher.kill_job(job)
+    assert len([c for c in fake.calls if c[0] == "srun"]) == 2  # the fallback was tried, then refused
+    assert kill.job_ended and kill.ranks_killed == 1
+    assert not [c for c in fake.calls if c[0] == "scancel"]
+
+
+def test_slurm_kill_job_still_raises_when_the_job_runs_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Broken(FakeSlurm):
+        def __call__(self, argv: list[str], timeout: float, check: bool, env: dict[str, str] | None) -> str:
+            if argv[0] == "srun":
+                raise LaunchError("srun --overlap --jobid=42 failed (1): srun: error: Unable to create step")
+            return super().__call__(argv, timeout, check, env)
+
+    launcher, job = _slurm(tmp_path, Broken(), monkeypatch)
+    with pytest.raises(LaunchError, match="Unable to create step"):
+        launcher.kill_job(job)
 
 
 def test_slurm_hard_cancel_is_kill_job_and_never_scancel_signal_kill(
