@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from labrun import LabRun
 
+from lcm_runner.telemetry import load_run, of_event
+from lcm_runner.train.procutil import in_enroot_container
+
 pytestmark = pytest.mark.lab
 
 
@@ -71,3 +74,27 @@ def test_every_stage_and_the_slo_report_pass_and_the_exit_status_is_0(lab_run_re
     assert {k: v["verdict"] for k, v in slo["stages"].items()} == EXPECTED
     report = (run.dir / "infra_slo.md").read_text()
     assert "PASS" in report and "FAIL" not in report
+
+
+def test_every_rank_of_every_stage_ran_inside_the_container(lab_run_result: LabRun) -> None:
+    """With the lab's training image (tests/support/labrun.py), every job step is a Pyxis container:
+    each batch script names the image, and the start event of every rank of every job (baseline,
+    resume, each fault case, the restarts) records a root filesystem that is an Enroot container's
+    (procutil.root_mount: Enroot's data or runtime paths), not the node's own `/`."""
+    run = lab_run_result
+    if not run.container_image:
+        pytest.skip("this lab run uses no container image (LCM_LAB_CONTAINER_IMAGE or the inventory)")
+    scripts = sorted((run.dir / "sbatch").glob("*.sbatch"))
+    assert scripts, "no batch scripts in the run dir"
+    for script in scripts:
+        assert f"--container-image={run.container_image}" in script.read_text(), script.name
+    starts = of_event(load_run(run.dir), "start")
+    assert len(starts) >= 4 * 4, len(starts)  # 4 ranks x (baseline, resume x2, fault jobs ...)
+    outside = [
+        (s.get("host"), s.rank, s.job, s.get("rootfs"))
+        for s in starts
+        if not in_enroot_container(str(s.get("rootfs", "")))
+    ]
+    assert not outside, outside
+    jobs = {str(s.job) for s in starts}
+    assert len(jobs) >= 4, jobs

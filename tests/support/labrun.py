@@ -6,6 +6,10 @@ dashboards' queries) read the same run.
 It needs the lab up (`.lab/READY`), Slurm answering on lab-ctl and the runner installed there
 (playbooks/runner.yml: /opt/lcm/venv, /opt/lcm/cluster.yml). The run config is the repo's
 configs/lab.yml, copied into the lab's shared directory; the results are read back from it.
+
+LCM_LAB_CONTAINER_IMAGE=<image> runs every job of it inside that image (`--container-image`,
+docs/containers.md; e.g. the lab's training image /shared/images/lcm-train.sqsh); by default the jobs run
+on the nodes directly, and tests/lab/test_container_stage.py runs a containerised stage of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = Path(os.environ.get("LCM_LAB_DIR", ROOT / ".lab"))
@@ -25,6 +30,22 @@ CTL = os.environ.get("LCM_LAB_CONTROLLER", "lab-ctl")
 RUNNER = os.environ.get("LCM_LAB_RUNNER", "/opt/lcm/venv/bin/lcm-runner")
 SPEC = os.environ.get("LCM_LAB_SPEC", "/opt/lcm/cluster.yml")
 TIMEOUT_S = int(os.environ.get("LCM_LAB_TIMEOUT_S", "1800"))
+
+
+INVENTORY = ROOT / "inventories" / "lab" / "group_vars" / "all"
+LAB_IMAGE = "/shared/images/lcm-train.sqsh"  # roles/train_image's link, seen from the lab nodes
+
+
+def container_image() -> str | None:
+    """The image the lab's `all` run uses: LCM_LAB_CONTAINER_IMAGE, else none (jobs on the nodes)."""
+    return os.environ.get("LCM_LAB_CONTAINER_IMAGE") or None
+
+
+def lab_builds_image() -> bool:
+    """Whether the lab inventory has Pyxis and builds the training image (the default lab)."""
+    spec = yaml.safe_load((INVENTORY / "cluster.yml").read_text(encoding="utf-8"))["cluster"]
+    lab = yaml.safe_load((INVENTORY / "lab.yml").read_text(encoding="utf-8"))
+    return bool(spec["layers"].get("pyxis") and lab.get("train_image_build"))
 
 
 def lab_exec(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -47,6 +68,7 @@ class LabRun:
     dir: Path
     returncode: int
     out: str
+    container_image: str | None = None
 
 
 def run_lab_all() -> LabRun:
@@ -57,6 +79,9 @@ def run_lab_all() -> LabRun:
         unavailable("Slurm does not answer on the lab controller")
     if lab_exec("test", "-x", RUNNER).returncode != 0:
         unavailable(f"{RUNNER} is not installed on {CTL} (playbooks/runner.yml)")
+    image = container_image()
+    if image and image.startswith("/shared/") and not (SHARED_HOST / image.removeprefix("/shared/")).exists():
+        pytest.fail(f"the lab builds the training image but {image} is missing (playbooks/image.yml)")
     ci = SHARED_HOST / "ci"
     ci.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / "configs" / "lab.yml", ci / "lab.yml")
@@ -75,6 +100,7 @@ def run_lab_all() -> LabRun:
         "30",
         "--timeout",
         "600",
+        *(["--container-image", image] if image else []),
         timeout=TIMEOUT_S,
     )
     print(p.stdout[-20000:], p.stderr[-5000:])
@@ -82,4 +108,4 @@ def run_lab_all() -> LabRun:
     assert line, f"no run dir printed (exit {p.returncode}): {p.stderr[-2000:]}"
     run_dir = SHARED_HOST / Path(line.split(": ", 1)[1]).relative_to("/shared")
     assert run_dir.is_dir()
-    return LabRun(run_dir, p.returncode, p.stdout[-3000:] + p.stderr[-3000:])
+    return LabRun(run_dir, p.returncode, p.stdout[-3000:] + p.stderr[-3000:], image)
