@@ -64,7 +64,7 @@ def _root(tmp: Path) -> Path:
         "etc/group": "root:x:0:\nlcm:x:1000:\n",
         "etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n',
         "etc/ssh/ssh_config": "Host *\n",
-        "etc/ssh/ssh_host_ed25519_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nhost\n",
+        "etc/ssh/ssh_host_ed25519_key": "fake ssh host key (never in an image)\nhost\n",
         "etc/ssh/ssh_host_ed25519_key.pub": "ssh-ed25519 AAAA host\n",
         "etc/munge/munge.key": "munge secret\n",
         "etc/shadow": "root:*:19000:0:99999:7:::\n",
@@ -209,7 +209,7 @@ def test_key_ignores_the_excluded_files(tmp_path: Path) -> None:
     before = _key(root, conf)
     (root / "etc/hostname").write_text("lab-node2\n")
     (root / "etc/munge/munge.key").write_text("another munge key\n")
-    (root / "etc/ssh/ssh_host_ed25519_key").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnew\n")
+    (root / "etc/ssh/ssh_host_ed25519_key").write_text("fake ssh host key (never in an image)\nnew\n")
     (root / "etc/shadow").write_text("root:$y$j9T$new:19500:0:99999:7:::\n")
     assert _key(root, conf) == before
     # replaced by rename (hostnamectl, Ansible's copy/template, sed -i): a new inode in etc/, which moves
