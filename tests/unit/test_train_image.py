@@ -173,6 +173,19 @@ def test_key_is_stable_for_an_unchanged_root(tmp_path: Path) -> None:
     assert _key(root, conf) == _key(root, _conf(tmp_path, name="again"))
 
 
+def test_key_ignores_bytecode_python_writes_at_run_time(tmp_path: Path) -> None:
+    """A training run's first import writes __pycache__/*.pyc into the venv: no new image for that
+    (site.yml's idempotence run met a rebuild when any later change moved the key)."""
+    root, conf = _root(tmp_path), _conf(tmp_path)
+    before = _key(root, conf)
+    cache = root / "opt/lcm/venv/lib/python3.11/site-packages/__pycache__"
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "mod.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    assert _key(root, conf) == before
+    (root / "opt/lcm/venv/lib/python3.11/site-packages/mod.py").write_text("x = 1\n")
+    assert _key(root, conf) != before  # a new module is a change
+
+
 @pytest.mark.parametrize(
     ("rel", "text"),
     [

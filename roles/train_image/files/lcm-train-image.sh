@@ -55,7 +55,10 @@ key() {
             tar -C "$root" --anchored --numeric-owner --sort=name "${excludes[@]}" -cf - usr/local | sha256sum
         fi
         echo "venv"
-        (cd "$root" && find "$venv_rel" -printf '%P %s %T@ %m\n' | LC_ALL=C sort)
+        # files and links only, without __pycache__: Python writes bytecode there when a module first
+        # runs, which changes nothing installed (a key over it, or over the directories' times, would
+        # rebuild the image after every training run)
+        (cd "$root" && find "$venv_rel" -name __pycache__ -prune -o ! -type d -printf '%P %s %T@ %m\n' | LC_ALL=C sort)
     } | sha256sum | cut -d' ' -f1
 }
 
