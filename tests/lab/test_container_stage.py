@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from labrun import (
-    CTL,
     FORCED,
     LAB,
     LAB_IMAGE,
@@ -25,6 +24,7 @@ from labrun import (
     SPEC,
     lab_builds_image,
     lab_exec,
+    printed_run_dir,
     unavailable,
 )
 
@@ -63,9 +63,7 @@ def container_run() -> tuple[Path, str]:
         timeout=900,
     )
     print(p.stdout[-8000:], p.stderr[-3000:])
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("run dir: ")), None)
-    assert line, f"no run dir printed (exit {p.returncode}) on {CTL}: {p.stderr[-2000:]}"
-    run_dir = SHARED_HOST / Path(line.split(": ", 1)[1]).relative_to("/shared")
+    run_dir = printed_run_dir(p)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
     return run_dir, p.stdout
 

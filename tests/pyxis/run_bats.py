@@ -24,7 +24,6 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime as dt
-import hashlib
 import json
 import math
 import os
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from lcm_runner.lock import sha256_file  # the lock tooling's own hash of a file
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_PATH = ROOT / "versions.lock.yml"
@@ -785,14 +786,6 @@ def load_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     lock: dict[str, Any] = data["lcm_lock"]
     return lock
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pyxis_tarball(lock: dict[str, Any], mirror: Path = MIRROR) -> tuple[Path, dict[str, Any]]:

@@ -71,6 +71,15 @@ class LabRun:
     container_image: str | None = None
 
 
+def printed_run_dir(p: subprocess.CompletedProcess[str]) -> Path:
+    """The host path of the run dir an lcm-runner command on the lab printed ("run dir: /shared/...")."""
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("run dir: ")), None)
+    assert line, f"no run dir printed (exit {p.returncode}) on {CTL}: {p.stderr[-2000:]}"
+    run_dir = SHARED_HOST / Path(line.split(": ", 1)[1]).relative_to("/shared")
+    assert run_dir.is_dir(), run_dir
+    return run_dir
+
+
 def run_lab_all() -> LabRun:
     """`lcm-runner all --launcher slurm` on the lab controller; fails or skips when it cannot run."""
     if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
@@ -104,8 +113,5 @@ def run_lab_all() -> LabRun:
         timeout=TIMEOUT_S,
     )
     print(p.stdout[-20000:], p.stderr[-5000:])
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("run dir: ")), None)
-    assert line, f"no run dir printed (exit {p.returncode}): {p.stderr[-2000:]}"
-    run_dir = SHARED_HOST / Path(line.split(": ", 1)[1]).relative_to("/shared")
-    assert run_dir.is_dir()
+    run_dir = printed_run_dir(p)
     return LabRun(run_dir, p.returncode, p.stdout[-3000:] + p.stderr[-3000:], image)
