@@ -225,13 +225,19 @@ class SlurmLauncher:
     ) -> list[dict[str, Any]]:
         """_on_nodes, where a job that ended meanwhile is no error: a step cannot join a finished job
         (srun: "Slurm job N has expired"), and there is nothing left to act on. With containers that
-        start from the squashfs, a job whose ranks were just killed ends within a second."""
+        start from the squashfs, a job whose ranks were just killed ends within a second. Slurm then
+        also ends the acting step itself (srun exits 143, "STEP N.M ... FAILED": its answer is lost) while
+        the job is still COMPLETING: that too is a job ending, waited for (10 s) before it is an error."""
         try:
             return self._on_nodes(job, nodes, action, step_only)
         except LaunchError:
-            if self.status(job).state.finished:
-                return []
-            raise
+            deadline = time.monotonic() + 10.0
+            while True:
+                if self.status(job).state.finished or self._fields(job).get("JobState") == "COMPLETING":
+                    return []
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     # --- faults ----------------------------------------------------------------------------------
     def kill_trainer(self, job: Job, node: str) -> float:
