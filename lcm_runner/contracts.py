@@ -93,6 +93,9 @@ EVENT_CKPT_GOOD = "ckpt_good"  # step: the checkpoint verified and training made
 EVENT_CKPT_FAILED = "ckpt_failed"  # step, path, reason (a save that did not complete)
 EVENT_REWIND = "rewind"  # from_step, to_step, reason (latest moved back to a known-good checkpoint)
 
+# a foreign trainer's console lines (lcm_runner/workloads): lines, events, malformed, malformed_lines
+EVENT_LOG_PARSE = "log_parse"
+
 TELEMETRY_DIR = "telemetry"
 LATEST_FILE = "latest_checkpointed_iteration.txt"  # Megatron-LM's tracker file
 

@@ -20,8 +20,14 @@ def train_argv(
     load_dir: str | None = None,
     telemetry_dir: str | None = None,
     train_iters: int | None = None,
+    signal_handler: bool = True,
 ) -> list[str]:
-    """The `python -m lcm_runner.train` argument list; `RunConfig.to_train_args` calls it."""
+    """The argument list of each rank's module (`RunConfig.train_module`): `python -m lcm_runner.train`'s,
+    or for a Megatron-LM workload the bridge's (lcm_runner/workloads/megatron_lm) with the user's command
+    after `--`; `RunConfig.to_train_args` calls it. `signal_handler=False`: the trainer without its
+    exit-signal handler (the fault stage's plain-torchrun reference)."""
+    if cfg.workload.kind == "megatron-lm":
+        return megatron_argv(cfg, save_dir, load_dir, telemetry_dir, train_iters, signal_handler)
     m = cfg.model
     args = [
         "--num-layers",
@@ -68,7 +74,63 @@ def train_argv(
     args += ["--device", "cuda" if cfg.uses_gpu else "cpu"]
     if telemetry_dir is not None:
         args += ["--telemetry-dir", telemetry_dir]
+    if not signal_handler:
+        args.append("--no-exit-signal-handler")
     return args
+
+
+def megatron_argv(
+    cfg: RunConfig,
+    save_dir: str,
+    load_dir: str | None,
+    telemetry_dir: str | None,
+    train_iters: int | None,
+    signal_handler: bool = True,
+) -> list[str]:
+    """The bridge's argv: its options, then `-- PYTHON <checkout>/<entry> <the user's args + ours>`."""
+    from lcm_runner.workloads.megatron_lm import argv as mlm
+
+    w = cfg.workload
+    shape, problems = mlm.shape(w.args)
+    if shape is None:
+        raise ValueError("; ".join(problems))
+    args, _ = mlm.compose(
+        w.args,
+        save=save_dir,
+        load=load_dir,
+        save_interval=cfg.save_interval,
+        train_iters=train_iters if train_iters is not None else cfg.train_iters,
+        gpu=cfg.uses_gpu,
+        signal_handler=signal_handler,
+    )
+    script = f"{(w.path or '').rstrip('/')}/{w.entry}"
+    return [
+        "--telemetry-dir",
+        telemetry_dir or f"{save_dir}/telemetry",
+        "--seq-length",
+        str(shape.seq_length),
+        "--exit-signal",
+        shape.exit_signal,
+        "--",
+        cfg.python,
+        script,
+        *args,
+    ]
+
+
+def megatron_arg_changes(cfg: RunConfig) -> list[str]:
+    """What the runner adds to or overrides in the user's Megatron-LM arguments, one line each."""
+    from lcm_runner.workloads.megatron_lm import argv as mlm
+
+    _, changes = mlm.compose(
+        cfg.workload.args,
+        save="<run dir>/checkpoints/<stage>",
+        load=None,
+        save_interval=cfg.save_interval,
+        train_iters=cfg.train_iters,
+        gpu=cfg.uses_gpu,
+    )
+    return [c.describe() for c in changes]
 
 
 def trainer_args(cfg: RunConfig) -> TrainArgs:

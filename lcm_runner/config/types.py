@@ -17,7 +17,11 @@ from lcm_runner.contracts import (
     DEFAULT_TIME_LIMIT,
 )
 
+TRAINER_MODULE = "lcm_runner.train"  # lcm_runner.launch.procs.TRAINER_MODULE
+MEGATRON_BRIDGE_MODULE = "lcm_runner.workloads.megatron_lm.bridge"
+
 FAULT_CASES = ("trainer_kill", "node_loss", "torchrun_restart_ref", "floor")
+WORKLOADS = ("lcm", "megatron-lm")  # the project's trainer, or the user's Megatron-LM checkout
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
 # The module's SLOs (module 09, "Measure it") and the lab's extra checks.
@@ -92,6 +96,27 @@ class Targets:
 
 
 @dataclass
+class WorkloadConfig:
+    """What the stages train: `lcm` (lcm_runner.train, configured by `model`) or `megatron-lm`, the
+    user's own Megatron-LM checkout run unchanged (lcm_runner/workloads/megatron_lm): `path` is the
+    checkout on the nodes, `entry` its script, `args` the user's arguments (the model comes from them;
+    the runner adds or overrides only what the stages need and says which)."""
+
+    kind: str = "lcm"
+    path: str | None = None  # megatron-lm: the checkout on every node (or in the container image)
+    entry: str = "pretrain_gpt.py"
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of every rank
+    # resume: the first new step's loss vs the uninterrupted run's (None: the workload's default,
+    # bitwise-exact 1e-2 for lcm, 2e-2 for megatron-lm whose resume is not bitwise by default)
+    loss_rel_tol: float | None = None
+
+    @property
+    def foreign(self) -> bool:
+        return self.kind != "lcm"
+
+
+@dataclass
 class RunConfig:
     name: str = "run"
     launcher: str = "torchrun"
@@ -113,6 +138,7 @@ class RunConfig:
     checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints
     python: str = "python3"  # the interpreter on the nodes (a venv's python on the lab)
     model: ModelConfig = field(default_factory=ModelConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     targets: Targets = field(default_factory=Targets)
@@ -129,14 +155,22 @@ class RunConfig:
     def uses_gpu(self) -> bool:
         return self.gpus_per_node > 0
 
+    @property
+    def train_module(self) -> str:
+        """The module each rank runs (`python -m`): the trainer, or the bridge to the user's Megatron-LM."""
+        if self.workload.kind == "megatron-lm":
+            return MEGATRON_BRIDGE_MODULE
+        return TRAINER_MODULE
+
     def to_train_args(
         self,
         save_dir: str,
         load_dir: str | None = None,
         telemetry_dir: str | None = None,
         train_iters: int | None = None,
+        signal_handler: bool = True,
     ) -> list[str]:
-        """The `python -m lcm_runner.train` argument list (Megatron flag names): see argv.py."""
+        """The argument list of `train_module` (Megatron flag names): see argv.py."""
         from .argv import train_argv
 
-        return train_argv(self, save_dir, load_dir, telemetry_dir, train_iters)
+        return train_argv(self, save_dir, load_dir, telemetry_dir, train_iters, signal_handler)

@@ -52,6 +52,8 @@ def agent_argv(
             "--log-dir",
             log_dir,
             *(["--node-devices", node_devices] if node_devices else []),
+            *(["--module", spec.module] if spec.module != TRAINER_MODULE else []),
+            *(["--preload", ",".join(spec.preload)] if spec.preload else []),
             "--",
             *spec.train_args,
         ]
@@ -76,7 +78,7 @@ def agent_argv(
         "--monitor-interval",
         "0.1",
         "-m",
-        TRAINER_MODULE,
+        spec.module,
         *spec.train_args,
     ]
 

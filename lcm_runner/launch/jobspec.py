@@ -44,7 +44,7 @@ def job_spec(
         join_timeout_s=float(cfg.rdzv_join_timeout_s),
         hb_timeout_s=cfg.hb_timeout_s,
         master_port=cfg.master_port,
-        env=dict(env or {}),
+        env={**cfg.workload.env, **(env or {})},
         env_file=env_file,
         python=python,
         time_limit=cfg.time_limit,
@@ -52,4 +52,7 @@ def job_spec(
         container_image=cfg.container_image,
         container_mounts=list(cfg.container_mounts),
         standby_nodes=standby_nodes,
+        module=cfg.train_module,
+        # the bridge imports no torch: preload only it (the user's script starts as its own process)
+        preload=[cfg.train_module] if cfg.workload.foreign else [],
     )

@@ -139,6 +139,8 @@ def read_result(run_dir: Path, stage: str) -> dict[str, Any] | None:
 
 # ----------------------------------------------------------------------------- context
 
+FOREIGN_NO_HANDLER = "--no-exit-signal-handler"  # the one stage flag a foreign workload understands
+
 
 @dataclass
 class StageContext:
@@ -168,16 +170,31 @@ class StageContext:
     ) -> JobSpec:
         c = self.cfg
         save = self.fresh_checkpoint_dir(ckpt)
-        args = c.to_train_args(
-            str(save), telemetry_dir=str(self.run_dir / "telemetry"), train_iters=train_iters
-        )
-        if self.step_sleep_ms:
-            args += ["--fault-sleep-ms", str(self.step_sleep_ms)]
+        extra = list(extra_args or [])
+        if c.workload.foreign:
+            # the stages speak the project trainer's flags; a foreign trainer gets their meaning
+            handler = FOREIGN_NO_HANDLER not in extra
+            unknown = [a for a in extra if a != FOREIGN_NO_HANDLER]
+            if unknown:
+                raise StageError(f"{name}: {c.workload.kind} workload cannot take trainer flags {unknown}")
+            args = c.to_train_args(
+                str(save),
+                telemetry_dir=str(self.run_dir / "telemetry"),
+                train_iters=train_iters,
+                signal_handler=handler,
+            )
+            extra = []
+        else:
+            args = c.to_train_args(
+                str(save), telemetry_dir=str(self.run_dir / "telemetry"), train_iters=train_iters
+            )
+            if self.step_sleep_ms:
+                args += ["--fault-sleep-ms", str(self.step_sleep_ms)]
         return job_spec(
             c,
             name=name,
             run_dir=self.run_dir,
-            train_args=args + list(extra_args or []),
+            train_args=args + extra,
             python=c.python if self.launcher.name == "slurm" else sys.executable,
             agent=agent or self.agent,
             max_restarts=max_restarts,
