@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "support" / "fake_megatron" / "pretrain_gpt.py"
-FIXTURE = Path("/work/shared/fixtures/megatron-lm/pretrain_gpt.h200.sync-save.log")
+FIXTURE = Path(__file__).parent / "fixtures" / "megatron_lm" / "pretrain_gpt.h200.sync-save.log"
 TIMEOUT_S = 120
 RANKS = "[ t 1/1, gtp_remat 1/1, p 1/1 ]"  # checkpointing.py's save/load lines, TP = PP = 1
 MODEL = [

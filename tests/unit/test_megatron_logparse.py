@@ -21,21 +21,12 @@ from lcm_runner import telemetry
 from lcm_runner.contracts import EVENT_CKPT_BEGIN, EVENT_CKPT_END, EVENT_RESUME, EVENT_STEP
 from lcm_runner.workloads.megatron_lm import logparse as lp
 
-REPO = Path(__file__).resolve().parents[2]
-# the checkout's shared/ where it has one, else the one beside it (/work/shared)
-SHARED = (
-    next(
-        (d for d in (REPO / "shared", REPO.parent / "shared") if (d / "fixtures" / "megatron-lm").is_dir()),
-        REPO.parent / "shared",
-    )
-    / "fixtures"
-    / "megatron-lm"
-)
+# the real H200 logs, copied from ../shared/fixtures/megatron-lm (see fixtures/megatron_lm/REAL_LOGS.md)
+SHARED = Path(__file__).parent / "fixtures" / "megatron_lm"
 SYNC_LOG = SHARED / "pretrain_gpt.h200.sync-save.log"
 ASYNC_LOG = SHARED / "pretrain_gpt.h200.async-save.log"
 DERIVED_ASYNC_LOG = Path(__file__).parent / "fixtures" / "megatron_lm" / "async_save.derived.log"
 
-pytestmark = pytest.mark.skipif(not SYNC_LOG.is_file(), reason=f"no Megatron-LM fixtures at {SHARED}")
 
 TS = "2026-12-01 07:18:01.154314"
 
