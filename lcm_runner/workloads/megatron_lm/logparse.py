@@ -41,159 +41,26 @@ from __future__ import annotations
 
 import posixpath
 import re
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeAlias
 
-from lcm_runner.contracts import EVENT_CKPT_BEGIN, EVENT_CKPT_END, EVENT_RESUME, EVENT_STEP
-
-# ---------------------------------------------------------------------------------------------------
-# Events
-
-
-@dataclass(frozen=True)
-class Iteration:
-    """One "iteration N/ M |" line: the averages over the iterations since the previous logged line.
-
-    `losses` holds every "<name> loss" / "<name>_loss" field as printed ({"lm loss": ...,
-    "load_balancing_loss": ...}); `loss` is its "lm loss" (None when not printed). `extra` holds the
-    other numeric fields under their printed names (e.g. "throughput per GPU (TFLOP/s/GPU)",
-    "num zeros", "params norm", "skipped samples").
-    """
-
-    ts: float | None
-    iteration: int
-    train_iters: int
-    consumed_samples: int
-    step_time_s: float
-    learning_rate: float | None
-    global_batch_size: int
-    losses: dict[str, float]
-    loss: float | None
-    loss_scale: float
-    grad_norm: float | None
-    skipped_iterations: int
-    nan_iterations: int
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CkptSaveBegin:
-    """The line "saving checkpoint at iteration N to PATH in FMT format"."""
-
-    ts: float | None
-    iteration: int
-    path: str
-    fmt: str
-
-
-@dataclass(frozen=True)
-class CkptSaveScheduled:
-    """The line "scheduled an async checkpoint save at iteration N to PATH" (async saves only)."""
-
-    ts: float | None
-    iteration: int
-    path: str
-
-
-@dataclass(frozen=True)
-class CkptSaveEnd:
-    """The line "successfully saved checkpoint from iteration N to PATH [ ... ]" (tracker file written).
-
-    `path` is None for Megatron's non-persistent local checkpoints ("successfully saved local
-    checkpoint from iteration N" names no directory).
-    """
-
-    ts: float | None
-    iteration: int
-    path: str | None
-
-
-@dataclass(frozen=True)
-class CkptLoadBegin:
-    """The line "loading [distributed ]checkpoint from PATH at iteration N"; iteration None: a release."""
-
-    ts: float | None
-    iteration: int | None
-    path: str
-
-
-@dataclass(frozen=True)
-class CkptLoadEnd:
-    """The line "successfully loaded checkpoint from PATH [ ... ] at iteration N"."""
-
-    ts: float | None
-    iteration: int
-    path: str
-
-
-@dataclass(frozen=True)
-class NoCheckpoint:
-    """The line "will not load any checkpoints and will start from random" (no tracker file to load).
-
-    `metadata_file` is the tracker file of the "could not find the metadata file" line before it,
-    `path` its directory (both None when that line was not seen).
-    """
-
-    ts: float | None
-    path: str | None
-    metadata_file: str | None = None
-
-
-ExitReason: TypeAlias = Literal["signal", "iteration", "duration"]
-
-
-@dataclass(frozen=True)
-class ExitRequested:
-    """Megatron decided to stop early: after the exit signal (--exit-signal-handler), at
-    --exit-interval, or after --exit-duration-in-mins (`minutes`: the train time it printed)."""
-
-    ts: float | None
-    reason: ExitReason
-    iteration: int | None = None
-    minutes: float | None = None
-
-
-Event: TypeAlias = (
-    Iteration
-    | CkptSaveBegin
-    | CkptSaveScheduled
-    | CkptSaveEnd
-    | CkptLoadBegin
-    | CkptLoadEnd
-    | NoCheckpoint
-    | ExitRequested
+from .logevents import (  # noqa: F401 - re-exported
+    CkptLoadBegin,
+    CkptLoadEnd,
+    CkptSaveBegin,
+    CkptSaveEnd,
+    CkptSaveScheduled,
+    Event,
+    ExitReason,
+    ExitRequested,
+    Iteration,
+    MalformedLine,
+    NoCheckpoint,
+    ParseStats,
 )
-
-
-@dataclass(frozen=True)
-class MalformedLine:
-    """A line that is one of the records above but did not parse: where, what, and why."""
-
-    lineno: int
-    text: str
-    reason: str
-
-
-@dataclass
-class ParseStats:
-    """Counts of what a parser saw; `malformed_lines` keeps the first `KEEP` malformed lines."""
-
-    KEEP: ClassVar[int] = 20
-
-    lines: int = 0
-    events: int = 0
-    ignored: int = 0
-    malformed: int = 0
-    malformed_lines: list[MalformedLine] = field(default_factory=list)
-
-    def add_malformed(self, item: MalformedLine) -> None:
-        self.malformed += 1
-        if len(self.malformed_lines) < self.KEEP:
-            self.malformed_lines.append(item)
+from .logrecords import to_telemetry  # noqa: F401 - re-exported
 
 
 class _Malformed(ValueError):
@@ -526,133 +393,3 @@ def read_lines(path: str | Path) -> list[str]:
 def parse_file(path: str | Path) -> tuple[list[Event], ParseStats]:
     """All events of a log file, and the stats (line numbers are the file's, from 1)."""
     return parse_lines(read_lines(path))
-
-
-# ---------------------------------------------------------------------------------------------------
-# Events -> the project's telemetry records (lcm_runner/contracts.py)
-
-
-@dataclass
-class _PendingSave:
-    begin: CkptSaveBegin
-    asynchronous: bool = False  # an iteration line came between its begin and its end
-    resumed_at: float | None = None  # when training went on after it (async), see to_telemetry
-
-
-def _seconds(end: float | None, start: float | None) -> float | None:
-    return round(end - start, 6) if end is not None and start is not None else None
-
-
-def _resumed_at(it: Iteration, save_iteration: int) -> float | None:
-    """When the iterations of `it`'s interval began: its ts minus its iterations' elapsed time."""
-    if it.ts is None:
-        return None
-    n = max(1, it.iteration - save_iteration)
-    return it.ts - n * it.step_time_s
-
-
-class _TelemetryMapper:
-    """One pass over the events, keeping the open saves and the last load begin."""
-
-    def __init__(self, seq_length: int, common: Callable[[float | None, str], dict[str, Any]]) -> None:
-        self.seq_length = seq_length
-        self.common = common
-        self.saves: dict[int, _PendingSave] = {}
-        self.load_begin: CkptLoadBegin | None = None
-
-    def map(self, event: Event) -> dict[str, Any] | None:
-        if isinstance(event, Iteration):
-            return self.step(event)
-        if isinstance(event, CkptSaveBegin):
-            self.saves[event.iteration] = _PendingSave(event)
-            return {**self.common(event.ts, EVENT_CKPT_BEGIN), "step": event.iteration, "path": event.path}
-        if isinstance(event, CkptSaveEnd):
-            return self.ckpt_end(event)
-        if isinstance(event, CkptLoadBegin):
-            self.load_begin = event
-            return None
-        if isinstance(event, CkptLoadEnd):
-            return self.resume(event)
-        return None  # scheduled, no checkpoint, exit requested: no record of their own
-
-    def step(self, it: Iteration) -> dict[str, Any]:
-        for pending in self.saves.values():
-            if not pending.asynchronous:
-                pending.asynchronous = True
-                pending.resumed_at = _resumed_at(it, pending.begin.iteration)
-        tokens = it.global_batch_size * self.seq_length
-        rec = {
-            **self.common(it.ts, EVENT_STEP),
-            "step": it.iteration,
-            "loss": it.loss,
-            "step_time_s": it.step_time_s,
-            "tokens_per_s": tokens / it.step_time_s if it.step_time_s > 0 else None,
-            "skipped_iterations": it.skipped_iterations,
-            "nan_iterations": it.nan_iterations,
-        }
-        if it.grad_norm is not None:
-            rec["grad_norm"] = it.grad_norm
-        return rec
-
-    def ckpt_end(self, end: CkptSaveEnd) -> dict[str, Any]:
-        pending = self.saves.pop(end.iteration, None)
-        begin = pending.begin if pending is not None else None
-        total = _seconds(end.ts, begin.ts if begin else None)
-        blocking = total
-        if pending is not None and pending.asynchronous:
-            blocking = _seconds(pending.resumed_at, pending.begin.ts)
-        path = end.path if end.path is not None else (begin.path if begin else None)
-        return {
-            **self.common(end.ts, EVENT_CKPT_END),
-            "step": end.iteration,
-            "blocking_s": blocking,
-            "total_s": total,
-            "bytes": None,
-            "path": path,
-        }
-
-    def resume(self, end: CkptLoadEnd) -> dict[str, Any]:
-        begin, self.load_begin = self.load_begin, None
-        load_s = _seconds(end.ts, begin.ts) if begin is not None and begin.path == end.path else None
-        rec = self.common(end.ts, EVENT_RESUME)
-        return {**rec, "step": end.iteration, "load_s": load_s, "path": end.path}
-
-
-def to_telemetry(
-    events: Iterable[Event],
-    *,
-    seq_length: int,
-    rank: int,
-    attempt: int,
-    job: str,
-    now: Callable[[], float] | None = None,
-) -> list[dict[str, Any]]:
-    """The project's telemetry records (lcm_runner/contracts.py) of Megatron's events, in order.
-
-    - `Iteration` -> step: step, loss ("lm loss", DP-averaged by Megatron; no local_loss), step_time_s,
-      tokens_per_s = global_batch_size * seq_length / step_time_s, skipped_iterations, nan_iterations,
-      grad_norm (when printed).
-    - `CkptSaveBegin` -> ckpt_begin: step, path.
-    - `CkptSaveEnd` -> ckpt_end: step, total_s = end ts - begin ts; bytes None (not in the log);
-      blocking_s: for a synchronous save (no iteration line between its begin and end lines) the same as
-      total_s. For an async save (iteration lines between them) training went on once the save was
-      scheduled: blocking_s runs from the begin line until the first iteration line after it, less
-      that line's elapsed time (`n * step_time_s` for the `n` iterations since the saved one: with
-      --log-interval 1, n = 1). Megatron stops its interval timer during the save, so that is when
-      training resumed. None where a timestamp is missing or the begin line was not seen.
-    - `CkptLoadEnd` -> resume: step (the loaded iteration), load_s = end ts - begin ts when both are
-      known (Megatron prints no timestamp there: only with a parser `clock`), path.
-    - `CkptSaveScheduled`, `NoCheckpoint`, `ExitRequested`: no record (the exit record's code is the
-      process's exit status, which the launcher knows and the log does not).
-
-    Every record has ts (the event's; `now()` (default time.time) where the line had none), event,
-    rank, attempt, job.
-    """
-    clock = now or time.time
-
-    def common(ts: float | None, event: str) -> dict[str, Any]:
-        stamp = ts if ts is not None else clock()
-        return {"ts": stamp, "event": event, "rank": rank, "attempt": attempt, "job": job}
-
-    mapper = _TelemetryMapper(seq_length, common)
-    return [rec for ev in events if (rec := mapper.map(ev)) is not None]
