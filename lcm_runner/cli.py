@@ -222,7 +222,13 @@ def make_context(ns: argparse.Namespace) -> Any:
         raise UsageError(
             "--standby-nodes: the Slurm batch script starts no standby agent; the requeue recovers"
         )
-    if launcher_name == "slurm":
+    if ns.standby_nodes and cfg.nodes < 2:
+        raise UsageError(
+            f"--standby-nodes: a standby takes over a lost node of a multi-node job; this one has "
+            f"{cfg.nodes} node (node 0 hosts the rendezvous store and cannot be replaced: the node loss "
+            "relaunches it)"
+        )
+    if launcher_name == "slurm" or cfg.nodes < 2:
         standby = 0
     if not 0 <= standby <= ns.spare_nodes:
         raise UsageError(f"--standby-nodes {standby}: must be within 0..--spare-nodes ({ns.spare_nodes})")
@@ -279,6 +285,7 @@ def _stage_main(ns: argparse.Namespace) -> int:
         print(f"lcm-runner {ns.stage}: {e}", file=sys.stderr)
         return 2
     print(f"run dir: {ctx.run_dir}", flush=True)
+    _print_workload(ctx.cfg)
     try:
         return _run_stage(ns, ctx)
     except KeyboardInterrupt:
@@ -286,6 +293,20 @@ def _stage_main(ns: argparse.Namespace) -> int:
         return 130
     finally:
         ctx.launcher.close()
+
+
+def _print_workload(cfg: RunConfig) -> None:
+    """A user's Megatron-LM: its script, and each argument the runner adds or overrides."""
+    w = cfg.workload
+    if not w.foreign:
+        return
+    from lcm_runner.config.argv import megatron_arg_changes
+
+    print(
+        f"workload: {w.kind} {(w.path or '').rstrip('/')}/{w.entry} ({len(w.args)} argument tokens of yours)"
+    )
+    for change in megatron_arg_changes(cfg):
+        print(f"workload: {change}", flush=True)
 
 
 def _run_stage(ns: argparse.Namespace, ctx: Any) -> int:

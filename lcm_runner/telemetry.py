@@ -156,6 +156,22 @@ def steps(records: Iterable[Record], rank: int | None = None) -> list[Record]:
     return sorted(of_event(records, EVENT_STEP, rank), key=lambda r: (r.ts, r.rank))
 
 
+def step_rank(records: Iterable[Record]) -> int:
+    """The rank whose step records the stages read: the lowest rank that wrote any (0 when none).
+
+    The project's trainer writes steps from every rank and rank 0 is read; Megatron-LM prints its
+    iteration line on the last rank only (`print_rank_last`), so a megatron-lm workload's steps come from
+    rank world_size - 1 (its checkpoint lines from rank 0, `print_rank_0`).
+    """
+    return min((r.rank for r in records if r.event == EVENT_STEP), default=0)
+
+
+def reporting_steps(records: Iterable[Record]) -> list[Record]:
+    """The step records of the reporting rank (`step_rank`), ordered by time."""
+    recs = list(records)
+    return steps(recs, step_rank(recs))
+
+
 def first_step_after(records: Iterable[Record], ts: float, rank: int | None = None) -> Record | None:
     """The first step record whose ts is strictly after `ts` (any rank unless given)."""
     for rec in steps(records, rank):

@@ -124,7 +124,7 @@ def megatron_arg_changes(cfg: RunConfig) -> list[str]:
 
     _, changes = mlm.compose(
         cfg.workload.args,
-        save="<run dir>/checkpoints/<stage>",
+        save=f"{(cfg.checkpoint_dir or '<run dir>/checkpoints').rstrip('/')}/<stage>",
         load=None,
         save_interval=cfg.save_interval,
         train_iters=cfg.train_iters,

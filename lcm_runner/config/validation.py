@@ -234,11 +234,4 @@ def workload_problems(cfg: RunConfig) -> list[str]:
                     f"workload.args: --global-batch-size {gbs} is not divisible by micro batch "
                     f"{shape.micro_batch_size} x data parallel {dp}"
                 )
-    # Built so far: the arguments (workloads/megatron_lm/argv.py), the log parser and the per-rank
-    # bridge. The stages' side (the reporting rank of step records, Megatron's checkpoint completeness,
-    # the lab run of the whole sequence) is not verified yet: refuse rather than run half of it.
-    p.append(
-        "workload.kind: megatron-lm is not runnable yet: its launch path (arguments, bridge, log parser) "
-        "is built, the stages have not been verified with it (issue 16)"
-    )
     return p

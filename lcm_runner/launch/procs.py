@@ -4,7 +4,7 @@ Every agent a launcher starts carries ``LCM_RUN_TAG=<tag>`` and ``LCM_NODE=<node
 workers, their multiprocessing helpers and anything else they start inherit both, even after they are
 re-parented. Scanning ``/proc/<pid>/environ`` therefore finds every leftover of a run on a node, which is
 what ``processes_left`` reports after each fault case. Runs as a module on a node too (Slurm, through
-``srun --overlap``): ``python -m lcm_runner.launch.procs {list,kill-trainer,kill-all} --tag TAG``.
+``srun --overlap``): ``python -m lcm_runner.launch.procs {list,kill-trainer,kill-all,stop-all} --tag TAG``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ TAG_ENV = "LCM_RUN_TAG"
 NODE_ENV = "LCM_NODE"
 TRAINER_COMM = "lcm-trainer"  # the agent names its forked workers so (prctl PR_SET_NAME)
 TRAINER_MODULE = "lcm_runner.train"
+# the modules a rank runs (`python -m`): the trainer, or the bridge to a user's Megatron-LM
+# (RunConfig.train_module; the bridge's child, the user's script, dies with it: PR_SET_PDEATHSIG)
+RANK_MODULES = (TRAINER_MODULE, "lcm_runner.workloads.megatron_lm.bridge")
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,17 @@ class Proc:
 
     @property
     def is_trainer(self) -> bool:
-        """A training rank: forked by our agent (comm lcm-trainer) or torchrun-run (-m lcm_runner.train)."""
+        """A training rank: forked by our agent (comm lcm-trainer) or torchrun-run (`-m` one of
+        RANK_MODULES)."""
         if self.comm == TRAINER_COMM:
             return True
         argv = self.cmdline.split()
         # `python [-u] -m lcm_runner.train ...`; not torchrun's agent (`-m torch.distributed.run ... -m
         # lcm_runner.train`), whose first -m names another module
-        return "-m" in argv and argv[argv.index("-m") + 1 :][:1] == [TRAINER_MODULE]
+        if "-m" not in argv:
+            return False
+        module = argv[argv.index("-m") + 1 :][:1]
+        return bool(module) and module[0] in RANK_MODULES
 
 
 def _read(path: Path) -> bytes | None:
@@ -102,14 +109,16 @@ def wait_gone(tag: str, node: str | None, timeout_s: float) -> list[Proc]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lcm_runner.launch.procs", description=__doc__)
-    ap.add_argument("action", choices=["list", "kill-trainer", "kill-all"])
+    ap.add_argument("action", choices=["list", "kill-trainer", "kill-all", "stop-all"])
     ap.add_argument("--tag", required=True, help="the run tag (LCM_RUN_TAG) of the job")
     ap.add_argument("--node", default=None, help="only processes started for this node (LCM_NODE)")
     ns = ap.parse_args(argv)
     procs = scan(ns.tag, ns.node)
     if ns.action == "kill-trainer":
         procs = [p for p in procs if p.is_trainer]
-    if ns.action != "list":
+    if ns.action == "stop-all":  # frozen, not dead: a crash's first half (see SlurmLauncher.kill_job)
+        procs = [p for p in procs if p.pid in kill(procs, signal.SIGSTOP)]
+    elif ns.action != "list":
         procs = [p for p in procs if p.pid in kill(procs)]
     out = {"ts": time.time(), "action": ns.action, "procs": [asdict(p) for p in procs]}
     json.dump(out, sys.stdout)

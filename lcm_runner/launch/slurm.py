@@ -61,6 +61,9 @@ def state_of(fields: dict[str, str]) -> JobStatus:
     )
 
 
+SCONTROL_RETRY_S = 60.0  # how long a job query that slurmctld did not answer is asked again
+
+
 class SlurmLauncher:
     name = "slurm"
 
@@ -79,10 +82,25 @@ class SlurmLauncher:
         return self._run_cmd(list(argv), timeout=timeout, check=check, env=env)
 
     def _fields(self, job: Job) -> dict[str, str]:
-        out = self._sh("scontrol", "show", "job", "-o", job.id, check=False)
-        if "Invalid job id" in out or "JobId=" not in out:
-            return {}
-        return parse_scontrol(out)
+        """The job's `scontrol show job` fields; {} once slurmctld says the id is invalid (the record is
+        gone). Any other failure (a busy controller's "Socket timed out", an unreachable slurmctld) is
+        asked again for up to SCONTROL_RETRY_S, then a LaunchError: never mistaken for a gone job (seen
+        on the lab, 2026-12-02: a timed-out query ended a running job's fault case)."""
+        deadline = time.monotonic() + SCONTROL_RETRY_S
+        while True:
+            try:
+                out = self._sh("scontrol", "show", "job", "-o", job.id, check=False, timeout=30.0)
+            except LaunchError as exc:  # the command itself timed out
+                out = str(exc)
+            if "Invalid job id" in out:
+                return {}
+            if "JobId=" in out:
+                return parse_scontrol(out)
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"scontrol show job {job.id}: no answer from slurmctld: {out.strip()[-300:]}"
+                )
+            time.sleep(1.0)
 
     def _hostnames(self, nodelist: str) -> list[str]:
         if not nodelist or nodelist in ("(null)", "None"):
@@ -167,7 +185,13 @@ class SlurmLauncher:
         processes (LCM_NODE, set by the batch script's node function): the batch shell stays, sees its
         agents killed (no requeue code) and ends the job, and no node's ranks are signalled by Slurm
         while another node's kill is on its way. Fewer ranks found than the job has: every process of
-        the job at once. Not ended within 30 s: every process again, then scancel."""
+        the job at once. Not ended within 30 s: every process again, then scancel.
+
+        The kill is two steps: every process of the job SIGSTOPped on every node, then SIGKILLed. The
+        nodes' tasks of one step do not start at the same instant; with one SIGKILL step, the ranks of a
+        node reached later saw their peers' sockets close and exited on their own first (the lab,
+        2026-12-02: 2 of 4 ranks "killed"). Frozen processes keep their sockets open, so no rank notices
+        anything before its SIGKILL, and none can run a handler: SIGSTOP cannot be caught."""
         st = self.status(job)
         if st.state != JobState.RUNNING or not job.nodes:
             was = st.state.value
@@ -177,13 +201,17 @@ class SlurmLauncher:
             return HardKill(time.time(), job_ended=st.state.finished, note=f"job was {was}: nothing to kill")
         nodes = list(job.nodes)
         ts = time.time()
+        try:
+            stopped = self._on_nodes(job, nodes, "stop-all", step_only=True)
+        except LaunchError:
+            stopped = []  # the SIGKILL step below still ends it; only the freeze was lost
         answers = self._on_nodes_while_running(job, nodes, "kill-all", step_only=True)
-        killed = [procs.Proc(**p) for ans in answers for p in ans["procs"]]
+        killed = _union([procs.Proc(**p) for ans in (*stopped, *answers) for p in ans["procs"]])
         if count_ranks(killed) < job.spec.world_size:
             # the step filter missed ranks (LCM_NODE is not the hostname there?): at once, every
             # process of the job, the batch shell too (it then ends the job without a requeue)
             more = self._on_nodes_while_running(job, nodes, "kill-all")
-            killed += [procs.Proc(**p) for ans in more for p in ans["procs"]]
+            killed = _union(killed + [procs.Proc(**p) for ans in more for p in ans["procs"]])
         st = self.wait(job, 30.0)
         left: list[procs.Proc] = []
         if not st.state.finished:
@@ -337,6 +365,14 @@ def _by_node(found: list[procs.Proc]) -> dict[str, list[procs.Proc]]:
     for p in found:
         out.setdefault(p.node or "(no LCM_NODE)", []).append(p)
     return out
+
+
+def _union(found: list[procs.Proc]) -> list[procs.Proc]:
+    """Each process once (by node and pid), in the order first seen."""
+    seen: dict[tuple[str, int], procs.Proc] = {}
+    for p in found:
+        seen.setdefault((p.node, p.pid), p)
+    return list(seen.values())
 
 
 def kill_job_argv(

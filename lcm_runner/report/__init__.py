@@ -17,7 +17,7 @@ import jinja2
 
 from lcm_runner import telemetry
 from lcm_runner.config import ConfigError, RunConfig, Targets, load_run_config
-from lcm_runner.report import runlog, slo
+from lcm_runner.report import runlog, slo, workload
 from lcm_runner.report.slo import FAIL, PASS, SKIP, STAGES, SloReport, fmt
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -56,6 +56,7 @@ def build_report(
     nccl = _nccl(run_dir, rep.stages)
     if note := slo.container_note(records):
         rep.stops.append(note)
+    wl = workload.section(cfg, records)
 
     from lcm_runner.report import plots
 
@@ -67,6 +68,7 @@ def build_report(
     out["generated"] = datetime.now(UTC).isoformat(timespec="seconds")
     out["plots"] = drawn
     out["config"] = cfg.name if cfg is not None else None
+    out["workload"] = workload.as_dict(wl)
     (run_dir / "slo.json").write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -90,6 +92,7 @@ def build_report(
         plots=drawn,
         problems=rep.problems,
         stops=rep.stops,
+        workload=wl,
         fmt=fmt,
         targets=targets,
     )

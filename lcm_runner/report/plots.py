@@ -179,7 +179,7 @@ def timeline(records: list[telemetry.Record], stages: dict[str, dict[str, Any]],
     fig, axes = plt.subplots(len(cases), 1, figsize=(10, 2.3 * len(cases) + 0.8), dpi=110, squeeze=False)
     for ax, c in zip(axes[:, 0], cases, strict=True):
         t0 = float(c["kill"])
-        recs = [r for r in telemetry.steps(_job_records(records, c["jobs"])) if r.rank == 0]
+        recs = telemetry.reporting_steps(_job_records(records, c["jobs"]))
         before = [r for r in recs if r.ts <= t0]
         after = [r for r in recs if r.ts > t0]
         ax.scatter(

@@ -63,9 +63,13 @@ def _describe(event: str, rec: telemetry.Record) -> str:
 def telemetry_lines(records: list[telemetry.Record]) -> list[tuple[float, str]]:
     lines: list[tuple[float, str]] = []
     groups: dict[tuple[Any, ...], list[telemetry.Record]] = defaultdict(list)
+    step_rank: dict[str, int] = {}  # job -> its reporting rank (telemetry.step_rank)
     for r in records:
         if r.event == EVENT_STEP:
-            if r.rank == 0:
+            step_rank[r.job] = min(step_rank.get(r.job, r.rank), r.rank)
+    for r in records:
+        if r.event == EVENT_STEP:
+            if r.rank == step_rank[r.job]:
                 comm = r.get("comm_time_s")
                 comm_s = f" comm {comm * 1000:.1f} ms" if isinstance(comm, int | float) else ""
                 lines.append(

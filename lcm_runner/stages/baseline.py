@@ -31,7 +31,7 @@ WARMUP_STEPS = 1
 
 def measure(records: list[telemetry.Record], train_iters: int) -> dict[str, float]:
     """The baseline metrics (stage contract) of one uninterrupted job's records."""
-    steps0 = [r for r in telemetry.steps(records, rank=0) if (r.step or 0) > WARMUP_STEPS]
+    steps0 = [r for r in telemetry.reporting_steps(records) if (r.step or 0) > WARMUP_STEPS]
     times = [float(r.get("step_time_s")) for r in steps0 if isinstance(r.get("step_time_s"), int | float)]
     losses = losses_by_step(records)
     tps = [float(r.get("tokens_per_s")) for r in steps0 if isinstance(r.get("tokens_per_s"), int | float)]

@@ -43,6 +43,7 @@ class Progress:
         self.step_every = step_every
         self.stage = "-"
         self._last_step: dict[str, int] = {}
+        self._step_rank: dict[str, int] = {}  # job -> the rank whose steps are printed
 
     def _print(self, msg: str) -> None:
         stamp = time.strftime("%H:%M:%S", time.gmtime())
@@ -60,10 +61,12 @@ class Progress:
         self._print(f"waiting for {what}")
 
     def record(self, rec: Record) -> None:
-        """Prints rank 0's steps (every `step_every`, and the first of an attempt) and checkpoints."""
-        if rec.rank != 0:
-            return
+        """Prints the steps of one rank per job (the lowest seen with steps: rank 0, or Megatron-LM's
+        last rank), every `step_every` and the first of an attempt, and rank 0's checkpoints and exits."""
         if rec.event == EVENT_STEP and rec.step is not None:
+            if rec.rank > self._step_rank.setdefault(rec.job, rec.rank):
+                return
+            self._step_rank[rec.job] = rec.rank
             key = f"{rec.job}/{rec.attempt}"
             first = key not in self._last_step
             if first or rec.step % self.step_every == 0:
@@ -76,6 +79,8 @@ class Progress:
                     else f"job {rec.job} step {rec.step}"
                 )
             self._last_step[key] = rec.step
+        elif rec.rank != 0:
+            return
         elif rec.event in ("ckpt_end", "resume", "exit", "signal"):
             detail = {k: v for k, v in rec.data.items() if k in ("step", "total_s", "load_s", "code", "name")}
             self._print(f"job {rec.job} attempt {rec.attempt} {rec.event} {detail}")
@@ -322,9 +327,10 @@ def is_exit(r: Record) -> bool:
 
 
 def losses_by_step(records: list[Record], attempt_min: int = 0, after_ts: float = 0.0) -> dict[int, float]:
-    """Rank 0's loss per step (the last record of a step wins: a re-run step replaces the killed one)."""
+    """The reporting rank's loss per step (`telemetry.step_rank`: rank 0, or the last rank for
+    Megatron-LM); the last record of a step wins: a re-run step replaces the killed one."""
     out: dict[int, float] = {}
-    for r in telemetry.steps(records, rank=0):
+    for r in telemetry.reporting_steps(records):
         if r.attempt >= attempt_min and r.ts > after_ts and isinstance(r.get("loss"), int | float):
             out[int(r.step or 0)] = float(r.get("loss"))
     return out

@@ -42,7 +42,10 @@ from lcm_runner.stages.common import (
 )
 
 STAGE = "fault"
-LOSS_REL_TOL = 1e-2
+REFERENCE_CASES = (
+    "torchrun_restart_ref",
+    "torchrun_restart_ref_handler",
+)  # stock tools, measured for comparison
 PLAIN_TRAINER_ARGS = ["--no-exit-signal-handler"]  # a plain Megatron user's trainer: SIGTERM just kills it
 CASE_TRAINER_ARGS = {"torchrun_restart_ref": PLAIN_TRAINER_ARGS}  # extra trainer flags per case
 CASE_LABELS = {
@@ -64,6 +67,7 @@ class Case:
     leftover_processes: float = math.nan
     loss_max_rel_diff: float = math.nan
     loss_steps_compared: float = 0.0
+    loss_rel_tol: float = math.nan  # the stated tolerance of loss_max_rel_diff (the workload's)
     ratio_to_floor: float = math.nan
     completed: bool = False
     nodes_before: list[str] = field(default_factory=list)
@@ -116,6 +120,7 @@ def _leftovers(ctx: StageContext, jobs: list[Job]) -> int:
 
 
 def _compare(ctx: StageContext, case: Case, records: list, after_ts: float, ref: dict[int, float]) -> None:
+    case.loss_rel_tol = ctx.cfg.workload.resume_loss_rel_tol
     got = losses_by_step(records, after_ts=after_ts)
     case.loss_max_rel_diff, n = max_rel_diff(got, ref)
     case.loss_steps_compared = float(n)
@@ -309,11 +314,20 @@ def run(ctx: StageContext) -> StageResult:
 def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None:
     t = ctx.cfg.targets
     ck = res.checks
+    tol = ctx.cfg.workload.resume_loss_rel_tol
+    notes = []
     for c in cases.values():
         ck[f"{c.name}: ran"] = not c.error
         if c.error:
             continue
-        ck[f"{c.name}: no leftover processes"] = c.leftover_processes == 0
+        if c.name in REFERENCE_CASES:
+            # stock torchrun kills only its own workers: what they started (a user's Megatron-LM spawns
+            # multiprocessing helpers; H200, 2026-12-02) outlives a killed rank. A finding about the
+            # reference, reported (and cleaned up), not a failure of the stage's own recovery
+            if c.leftover_processes:
+                notes.append(f"{c.name} left {c.leftover_processes:.0f} process(es) behind (stock torchrun)")
+        else:
+            ck[f"{c.name}: no leftover processes"] = c.leftover_processes == 0
         if c.name not in ("floor", "torchrun_restart_ref_handler"):  # the latter is stopped early
             ck[f"{c.name}: job completed after recovery"] = c.completed
     parts = []
@@ -323,7 +337,9 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
             ck[f"trainer_kill: <= {t.recovery_floor_ratio_max:g}x floor"] = (
                 tk.ratio_to_floor <= t.recovery_floor_ratio_max
             )
-        if (ref := cases.get("torchrun_restart_ref")) and not ref.error:
+        if (ref := cases.get("torchrun_restart_ref")) and not ref.error and not ctx.cfg.workload.foreign:
+            # the agent's edge is its preloaded trainer (zygote fork); a foreign script starts a fresh
+            # interpreter either way, so for it the comparison is reported, not claimed
             ck["trainer_kill: faster than stock torchrun (plain trainer)"] = tk.downtime_s < ref.downtime_s
         ck["trainer_kill: resumed from the last checkpoint"] = tk.resumed_from_step == _kill_plan(ctx)[0]
         parts.append(f"trainer_kill {tk.downtime_s:.2f}s ({tk.ratio_to_floor:.2f}x floor)")
@@ -341,12 +357,10 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
     for c in cases.values():
         if c.name in ("trainer_kill", "node_loss") and not c.error:
             if c.loss_steps_compared:
-                ck[f"{c.name}: post-recovery loss matches (rel <= {LOSS_REL_TOL:g})"] = (
-                    c.loss_max_rel_diff <= LOSS_REL_TOL
-                )
+                ck[f"{c.name}: post-recovery loss matches (rel <= {tol:g})"] = c.loss_max_rel_diff <= tol
             else:
                 ck[f"{c.name}: post-recovery loss compared with a baseline"] = False
-    res.decide("; ".join(parts) or "no case ran")
+    res.decide("; ".join(parts + notes) or "no case ran")
 
 
 def case_names() -> list[str]:

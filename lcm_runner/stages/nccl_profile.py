@@ -25,11 +25,15 @@ def run(ctx: StageContext) -> StageResult:
     res = StageResult(STAGE)
     ctx.progress.begin(STAGE, ctx.run_dir)
     if not ctx.cfg.uses_gpu:
-        res.verdict = SKIP
-        res.summary = "CPU run (gpus_per_node 0): the ranks talk gloo, NCCL is not used and writes no logs"
-        res.write(ctx.run_dir)
-        ctx.progress.end(res, ctx.run_dir)
-        return res
+        return _skip(
+            ctx, res, "CPU run (gpus_per_node 0): the ranks talk gloo, NCCL is not used and writes no logs"
+        )
+    if ctx.cfg.world_size < 2:
+        # measured on H200 with Megatron-LM: its communicators initialise, but no collective connects a
+        # channel with one rank, so there is no transport, algorithm or path to profile
+        return _skip(
+            ctx, res, "one rank (world size 1): no NCCL collective connects ranks, nothing to profile"
+        )
     nccl_dir = ctx.run_dir / "nccl"
     nccl_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -59,6 +63,12 @@ def run(ctx: StageContext) -> StageResult:
         f"{','.join(summary['transports']) or '-'}; {summary['warnings']} warnings"
         + (f"; {errors[0]}" if errors else "")
     )
+    return _end(ctx, res)
+
+
+def _skip(ctx: StageContext, res: StageResult, why: str) -> StageResult:
+    res.verdict = SKIP
+    res.summary = why
     return _end(ctx, res)
 
 

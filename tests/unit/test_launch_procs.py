@@ -76,3 +76,29 @@ def test_cli_lists_and_kills_as_json() -> None:
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_cli_stop_all_freezes_without_killing_then_kill_all_ends_them() -> None:
+    """The first half of SlurmLauncher.kill_job: stopped (state T), still alive, then SIGKILL ends it."""
+    import json
+
+    tag = f"test-procs-stop-{os.getpid()}"
+    p = _start(tag, "n0", "sleep", "30")
+    try:
+        time.sleep(0.2)
+
+        def cli(action: str) -> dict:
+            cmd = [sys.executable, "-m", "lcm_runner.launch.procs", action, "--tag", tag, "--node", "n0"]
+            return json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+
+        assert [q["pid"] for q in cli("stop-all")["procs"]] == [p.pid]
+        time.sleep(0.1)
+        from pathlib import Path
+
+        state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state == "T" and p.poll() is None
+        assert [q["pid"] for q in cli("kill-all")["procs"]] == [p.pid]
+        assert p.wait(5) == -9
+    finally:
+        if p.poll() is None:
+            p.kill()

@@ -74,9 +74,13 @@ def test_run_config_checks_the_workload_before_anything_runs() -> None:
     with pytest.raises(ConfigError) as e:
         from_dict({**base, "workload": {"kind": "megatron-lm", "path": "/opt/m", "args": args}})
     assert "tensor x pipeline parallel = 3 x 1 does not divide the world size 4" in str(e.value)
-    # a well-formed one is still refused, by name: the stages are not verified with it yet
-    with pytest.raises(ConfigError, match="megatron-lm is not runnable yet"):
+    # the global batch must split into micro batches over data parallel (4 ranks, TP=PP=1: DP 4)
+    with pytest.raises(ConfigError) as e:
         from_dict({**base, "workload": {"kind": "megatron-lm", "path": "/opt/m", "args": USER}})
+    assert "--global-batch-size 2 is not divisible by micro batch 2 x data parallel 4" in str(e.value)
+    user8 = [a if a != "2" or USER[i - 1] != "--global-batch-size" else "8" for i, a in enumerate(USER)]
+    ok = from_dict({**base, "workload": {"kind": "megatron-lm", "path": "/opt/m", "args": user8}})
+    assert ok.train_module == "lcm_runner.workloads.megatron_lm.bridge"
     assert from_dict(base).train_module == "lcm_runner.train"
 
 

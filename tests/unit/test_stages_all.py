@@ -84,3 +84,38 @@ def test_all_stages_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str
     for name in ("infra_slo.md", "slo.json", "multi_node_run.log"):
         assert (run_dir / name).is_file(), name
     assert list((run_dir / "plots").glob("*.png"))
+
+
+FAKE_MEGATRON = Path(__file__).resolve().parents[1] / "support" / "fake_megatron"
+
+
+def test_all_stages_with_a_foreign_megatron_trainer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same sequence with `workload: megatron-lm` (the lab's twin: tests/lab/test_megatron_stages.py)."""
+    import sys
+
+    lab = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "lab-megatron.yml").read_text())
+    cfg = {
+        **{k: v for k, v in CFG.items() if k != "model"},
+        "name": "ci-all-megatron",
+        "master_port": 29770,
+        "python": sys.executable,
+        "workload": {**lab["workload"], "path": str(FAKE_MEGATRON)},
+    }
+    path = tmp_path / "run.yml"
+    path.write_text(yaml.safe_dump(cfg))
+    run_dir = tmp_path / "run"
+    rc = main(["all", "-c", str(path), "--run-dir", str(run_dir), "--timeout", "300"])
+    out = capsys.readouterr().out
+    print(out[-6000:])
+    stages = {p.stem: json.loads(p.read_text()) for p in (run_dir / "stages").glob("*.json")}
+    for name in ("baseline", "resume", "fault"):
+        assert stages[name]["verdict"] == "PASS", (name, stages[name]["summary"])
+    assert rc == 0
+    f = stages["fault"]["metrics"]
+    assert f["trainer_kill"]["resumed_from_step"] == 4 and f["trainer_kill"]["first_new_step"] == 5
+    assert f["torchrun_restart_ref"]["resumed_from_step"] == 4
+    assert stages["resume"]["metrics"]["loss_rel_diff"] <= 0.02
+    assert "workload: --exit-signal-handler (added)" in out
+    assert "## Workload: megatron-lm" in (run_dir / "infra_slo.md").read_text()

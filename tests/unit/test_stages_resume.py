@@ -147,6 +147,15 @@ class FakeSlurm:
             return ""
         if argv[0] == "srun":
             found = "--node" not in " ".join(argv) or self.step_filter_matches
+            if "stop-all" in argv:  # the freeze before the kill: nothing ends
+                return labelled(
+                    [
+                        json.dumps({"ts": 1.0, "action": "stop-all", "procs": _procs(n) if found else []})
+                        + "\n"
+                        for n in ("lab-node1", "lab-node2")
+                    ],
+                    piece=64,
+                )
             if self.ends_after_kill and found:
                 self.state = "FAILED"  # the batch script's agents were killed: it exits, no requeue
             if "--label" not in argv:  # one node (_on_node): its answer as it is
@@ -190,7 +199,10 @@ def test_slurm_kill_job_is_a_sigkill_from_the_nodes_not_a_scancel(
     launcher, job = _slurm(tmp_path, fake, monkeypatch)
     kill = launcher.kill_job(job)
     sruns = [c for c in fake.calls if c[0] == "srun"]
-    assert sruns == [
+    # every process frozen on every node first, then killed: no rank sees a peer die before its SIGKILL
+    assert [c[-2] for c in sruns] == ["stop-all", "kill-all"]
+    assert sruns[0][:-2] == sruns[1][:-2]
+    assert sruns[1:] == [
         [
             "srun",
             "--overlap",
@@ -227,9 +239,9 @@ def test_slurm_kill_job_that_does_not_end_kills_everything_then_scancels(
     launcher, job = _slurm(tmp_path, fake, monkeypatch)
     kill = launcher.kill_job(job)
     sruns = [c for c in fake.calls if c[0] == "srun"]
-    assert len(sruns) == 2
-    assert sruns[1] == kill_job_argv(PY, "42", "run/42", ["lab-node1", "lab-node2"], "kill-all")
-    assert sruns[1][-6:] == [PY, "-m", "lcm_runner.launch.procs", "kill-all", "--tag", "run/42"]
+    assert len(sruns) == 3  # freeze, kill (step), kill (everything)
+    assert sruns[2] == kill_job_argv(PY, "42", "run/42", ["lab-node1", "lab-node2"], "kill-all")
+    assert sruns[2][-6:] == [PY, "-m", "lcm_runner.launch.procs", "kill-all", "--tag", "run/42"]
     assert [c for c in fake.calls if c[0] == "scancel"] == [["scancel", "42"]]  # after the SIGKILLs
     assert kill.job_ended and set(kill.left) == {"lab-node1", "lab-node2"}
 
@@ -244,11 +256,13 @@ class EndsBetweenSteps(FakeSlurm):
             raise LaunchError(f"{' '.join(argv[:6])} failed (1): srun: error: Slurm job 42 has expired")
         out = super().__call__(argv, timeout, check, env)
         if argv[0] == "srun" and "--node" in " ".join(argv):
-            self.state = "FAILED"
+            action = "kill-all" if "kill-all" in argv else "stop-all"
+            if action == "kill-all":
+                self.state = "FAILED"
             out = labelled(
                 [
-                    json.dumps({"ts": 1.0, "action": "kill-all", "procs": _procs("lab-node1")}) + "\n",
-                    json.dumps({"ts": 1.0, "action": "kill-all", "procs": []}) + "\n",
+                    json.dumps({"ts": 1.0, "action": action, "procs": _procs("lab-node1")}) + "\n",
+                    json.dumps({"ts": 1.0, "action": action, "procs": []}) + "\n",
                 ],
                 piece=64,
             )
@@ -263,7 +277,7 @@ def test_slurm_kill_job_that_ends_before_the_second_kill_is_no_error(
     fake = EndsBetweenSteps()
     launcher, job = _slurm(tmp_path, fake, monkeypatch)
     kill = launcher.kill_job(job)
-    assert len([c for c in fake.calls if c[0] == "srun"]) == 2  # the fallback was tried, then refused
+    assert len([c for c in fake.calls if c[0] == "srun"]) == 3  # freeze, kill; the fallback refused
     assert kill.job_ended and kill.ranks_killed == 1
     assert not [c for c in fake.calls if c[0] == "scancel"]
 
@@ -288,7 +302,7 @@ def test_slurm_hard_cancel_is_kill_job_and_never_scancel_signal_kill(
     fake = FakeSlurm()
     launcher, job = _slurm(tmp_path, fake, monkeypatch)
     launcher.cancel(job, hard=True)
-    assert [c[0] for c in fake.calls if c[0] in ("srun", "scancel")] == ["srun"]
+    assert [c[0] for c in fake.calls if c[0] in ("srun", "scancel")] == ["srun", "srun"]  # freeze, kill
     assert not [c for c in fake.calls if any(a.startswith("--signal") for a in c)]
     fake2 = FakeSlurm()
     launcher2, job2 = _slurm(tmp_path, fake2, monkeypatch)
@@ -314,7 +328,8 @@ def test_slurm_kill_job_whose_step_filter_finds_no_rank_kills_every_process_at_o
     launcher, job = _slurm(tmp_path, fake, monkeypatch)
     kill = launcher.kill_job(job)
     sruns = [c for c in fake.calls if c[0] == "srun"]
-    assert [("--node" in " ".join(c)) for c in sruns] == [True, False]  # the unfiltered kill right after
+    # freeze and kill by the step filter (nothing found), then the unfiltered kill right after
+    assert [("--node" in " ".join(c)) for c in sruns] == [True, True, False]
     assert not [c for c in fake.calls if c[0] == "scancel"] and kill.job_ended
     assert kill.ranks_killed == 2 and kill.left == {}
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import socket
@@ -38,20 +39,18 @@ from pathlib import Path
 from typing import Any
 
 from lcm_runner.contracts import (
-    EVENT_CKPT_BEGIN,
     EVENT_CKPT_END,
     EVENT_EXIT,
     EVENT_LOG_PARSE,
     EVENT_RESUME,
     EVENT_SIGNAL,
     EVENT_START,
-    EVENT_STEP,
     ExitCode,
 )
 from lcm_runner.train.procutil import root_mount
 from lcm_runner.train.telemetry import TelemetryWriter, attempt_from_env, job_from_env
 
-from . import logparse
+from . import logparse, logrecords
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
@@ -68,14 +67,12 @@ class Bridge:
         self.seq_length = seq_length
         self.exit_signal = exit_signal
         self.parser = logparse.MegatronLogParser()
+        # the same mapping as an offline parse (logrecords.to_telemetry), with the bridge's own stamps
+        self.mapper = logrecords.TelemetryMapper(seq_length, lambda ts, event: {"ts": ts, "event": event})
         self.child: subprocess.Popen[bytes] | None = None
         self.signals: list[str] = []
         self.exit_requested: str | None = None  # reason of Megatron's own exit message, when seen
         self.last_iteration: int | None = None
-        self._save_begin: dict[int, float] = {}  # iteration -> ts of its "saving checkpoint" line
-        self._load_begin: float | None = None
-        # open saves whose iterations went on (async): the blocking part ended when the next began
-        self._blocking: dict[int, float] = {}
 
     # ------------------------------------------------------------------------- signals
 
@@ -96,52 +93,22 @@ class Bridge:
             self.record(ev, now)
 
     def record(self, ev: logparse.Event, now: float) -> None:
-        printed = getattr(ev, "ts", None)
-        extra = {"printed_ts": printed} if printed is not None else {}
-        if isinstance(ev, logparse.Iteration):
-            for it, begin in self._save_begin.items():
-                # an async save: training went on; its blocking part ended when this iteration began
-                self._blocking.setdefault(it, max(0.0, now - ev.step_time_s - begin))
-            self.last_iteration = ev.iteration
-            gbs = ev.global_batch_size
-            self.tel.emit(
-                EVENT_STEP,
-                step=ev.iteration,
-                loss=ev.loss,
-                step_time_s=ev.step_time_s,
-                tokens_per_s=(gbs * self.seq_length / ev.step_time_s) if gbs and ev.step_time_s else None,
-                grad_norm=ev.grad_norm,
-                learning_rate=ev.learning_rate,
-                loss_scale=ev.loss_scale,
-                skipped_iterations=ev.skipped_iterations,
-                nan_iterations=ev.nan_iterations,
-                losses=ev.losses,
-                **extra,
-            )
-        elif isinstance(ev, logparse.CkptSaveBegin):
-            self._save_begin[ev.iteration] = now
-            self.tel.emit(EVENT_CKPT_BEGIN, step=ev.iteration, path=ev.path, format=ev.fmt, **extra)
-        elif isinstance(ev, logparse.CkptSaveEnd):
-            begin = self._save_begin.pop(ev.iteration, None)
-            blocking = self._blocking.pop(ev.iteration, None)
-            total = now - begin if begin is not None else None
-            self.tel.emit(
-                EVENT_CKPT_END,
-                durable=True,
-                step=ev.iteration,
-                blocking_s=total if blocking is None else blocking,
-                total_s=total,
-                bytes=_dir_bytes(Path(ev.path)) if ev.path else None,
-                path=ev.path,
-                **extra,
-            )
-        elif isinstance(ev, logparse.CkptLoadBegin):
-            self._load_begin = now
-        elif isinstance(ev, logparse.CkptLoadEnd):
-            load_s = now - self._load_begin if self._load_begin is not None else None
-            self.tel.emit(EVENT_RESUME, durable=True, step=ev.iteration, load_s=load_s, path=ev.path, **extra)
-        elif isinstance(ev, logparse.ExitRequested):
+        """One event -> its telemetry record, stamped when the line reached the bridge (the printed
+        time, where the line has one, kept as `printed_ts`)."""
+        if isinstance(ev, logparse.ExitRequested):
             self.exit_requested = ev.reason
+        if isinstance(ev, logparse.Iteration):
+            self.last_iteration = ev.iteration
+        printed = ev.ts
+        rec = self.mapper.map(dataclasses.replace(ev, ts=now))
+        if rec is None:
+            return
+        event = rec.pop("event")
+        if printed is not None:
+            rec["printed_ts"] = printed
+        if event == EVENT_CKPT_END and rec.get("path"):
+            rec["bytes"] = _dir_bytes(Path(rec["path"]), int(rec["step"]))
+        self.tel.emit(event, durable=event in (EVENT_CKPT_END, EVENT_RESUME), **rec)
 
     # ------------------------------------------------------------------------- run
 
@@ -199,6 +166,13 @@ def exit_code(child_code: int, exit_requested: str | None, signals: list[str]) -
     """The rank's exit code for the agent and the batch script, from the child's."""
     if child_code == 0 and exit_requested == "signal":
         return int(ExitCode.REQUEUE), "Megatron-LM saved and exited after the exit signal: requeue"
+    if exit_requested == "signal":
+        # its "exiting program after receiving SIGTERM." line comes after the save: the checkpoint is
+        # whole; a crash while the interpreter tears down (NCCL/gloo threads) does not undo it
+        how = f"{signal.Signals(-child_code).name}" if child_code < 0 else f"exit {child_code}"
+        return int(
+            ExitCode.REQUEUE
+        ), f"Megatron-LM saved after the exit signal, then died at exit ({how}): requeue"
     if child_code == 0:
         return int(
             ExitCode.OK
@@ -212,13 +186,11 @@ def exit_code(child_code: int, exit_requested: str | None, signals: list[str]) -
     return int(ExitCode.FAILURE), f"Megatron-LM exited {child_code}"
 
 
-def _dir_bytes(path: Path) -> int | None:
-    """Size of a checkpoint's files (Megatron prints the save root; the newest iter dir is the save)."""
+def _dir_bytes(path: Path, iteration: int) -> int | None:
+    """Size of the files of the checkpoint of `iteration` (Megatron prints the save root)."""
+    d = path / f"iter_{iteration:07d}"
     try:
-        dirs = sorted(d for d in path.glob("iter_*") if d.is_dir())
-        if not dirs:
-            return None
-        return sum(f.stat().st_size for f in dirs[-1].rglob("*") if f.is_file())
+        return sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) if d.is_dir() else None
     except OSError:
         return None
 

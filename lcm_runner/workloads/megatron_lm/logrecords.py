@@ -9,7 +9,15 @@ from typing import Any
 
 from lcm_runner.contracts import EVENT_CKPT_BEGIN, EVENT_CKPT_END, EVENT_RESUME, EVENT_STEP
 
-from .logevents import CkptLoadBegin, CkptLoadEnd, CkptSaveBegin, CkptSaveEnd, Event, Iteration
+from .logevents import (
+    CkptLoadBegin,
+    CkptLoadEnd,
+    CkptSaveBegin,
+    CkptSaveEnd,
+    Event,
+    Iteration,
+    NoCheckpoint,
+)
 
 # ---------------------------------------------------------------------------------------------------
 # Events -> the project's telemetry records (lcm_runner/contracts.py)
@@ -34,14 +42,64 @@ def _resumed_at(it: Iteration, save_iteration: int) -> float | None:
     return it.ts - n * it.step_time_s
 
 
-class _TelemetryMapper:
-    """One pass over the events, keeping the open saves and the last load begin."""
+@dataclass(frozen=True)
+class _FirstLine:
+    """A run's first iteration line: Megatron's training_log prints it without resetting its sums."""
+
+    iteration: int
+    step_time_s: float
+    losses: dict[str, float]
+
+
+def _unaverage(printed: float, first: float, count: int) -> float:
+    """The mean of the last `count - 1` of `count` iterations, from the mean of all and the first's."""
+    return (printed * count - first) / (count - 1)
+
+
+class _Averaging:
+    """Undoes the one average over two intervals that Megatron-LM prints after every (re)start.
+
+    training_log (core_v0.19.0 training.py, `should_reset = not is_first_iteration`) logs a run's first
+    iteration and keeps its loss sums and interval timer, so the next logged line, at iteration j, prints
+    the mean over the first iteration f and f+1..j (j - f + 1 of them) where every other line covers only
+    its own interval. The losses and the time of iterations f+1..j are therefore
+    (printed x (j - f + 1) - first's) / (j - f). A run starts at the beginning of a log and after every
+    checkpoint load or "no checkpoint" line (each start prints one of them before training when --load
+    is given, as the runner always gives it). The printed values are kept (`*_printed` fields).
+    """
+
+    def __init__(self) -> None:
+        self.fresh = True  # the next iteration line is a run's first
+        self.first: _FirstLine | None = None
+
+    def restart(self) -> None:
+        self.fresh, self.first = True, None
+
+    def correct(self, it: Iteration) -> tuple[float, dict[str, float], bool]:
+        """(step time, losses, corrected) of the iterations `it`'s line stands for alone."""
+        if self.fresh:
+            self.fresh = False
+            self.first = _FirstLine(it.iteration, it.step_time_s, dict(it.losses))
+            return it.step_time_s, dict(it.losses), False
+        first, self.first = self.first, None
+        if first is None or it.iteration <= first.iteration:
+            return it.step_time_s, dict(it.losses), False
+        count = it.iteration - first.iteration + 1
+        losses = {
+            k: _unaverage(v, first.losses[k], count) if k in first.losses else v for k, v in it.losses.items()
+        }
+        return _unaverage(it.step_time_s, first.step_time_s, count), losses, True
+
+
+class TelemetryMapper:
+    """One pass over the events, keeping the open saves, the last load begin and the run's first line."""
 
     def __init__(self, seq_length: int, common: Callable[[float | None, str], dict[str, Any]]) -> None:
         self.seq_length = seq_length
         self.common = common
         self.saves: dict[int, _PendingSave] = {}
         self.load_begin: CkptLoadBegin | None = None
+        self.averaging = _Averaging()
 
     def map(self, event: Event) -> dict[str, Any] | None:
         if isinstance(event, Iteration):
@@ -55,7 +113,10 @@ class _TelemetryMapper:
             self.load_begin = event
             return None
         if isinstance(event, CkptLoadEnd):
+            self.averaging.restart()
             return self.resume(event)
+        if isinstance(event, NoCheckpoint):
+            self.averaging.restart()
         return None  # scheduled, no checkpoint, exit requested: no record of their own
 
     def step(self, it: Iteration) -> dict[str, Any]:
@@ -63,16 +124,22 @@ class _TelemetryMapper:
             if not pending.asynchronous:
                 pending.asynchronous = True
                 pending.resumed_at = _resumed_at(it, pending.begin.iteration)
+        step_time, losses, corrected = self.averaging.correct(it)
         tokens = it.global_batch_size * self.seq_length
         rec = {
             **self.common(it.ts, EVENT_STEP),
             "step": it.iteration,
-            "loss": it.loss,
-            "step_time_s": it.step_time_s,
-            "tokens_per_s": tokens / it.step_time_s if it.step_time_s > 0 else None,
+            "loss": losses.get("lm loss", it.loss),
+            "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time if step_time > 0 else None,
             "skipped_iterations": it.skipped_iterations,
             "nan_iterations": it.nan_iterations,
+            "learning_rate": it.learning_rate,
+            "loss_scale": it.loss_scale,
+            "losses": losses,
         }
+        if corrected:
+            rec["loss_printed"], rec["step_time_printed_s"] = it.loss, it.step_time_s
         if it.grad_norm is not None:
             rec["grad_norm"] = it.grad_norm
         return rec
@@ -114,7 +181,9 @@ def to_telemetry(
 
     - `Iteration` -> step: step, loss ("lm loss", DP-averaged by Megatron; no local_loss), step_time_s,
       tokens_per_s = global_batch_size * seq_length / step_time_s, skipped_iterations, nan_iterations,
-      grad_norm (when printed).
+      learning_rate, loss_scale, losses (every printed loss), grad_norm (when printed). The second line
+      of every run is un-averaged (`_Averaging`), its printed loss and time kept as loss_printed and
+      step_time_printed_s.
     - `CkptSaveBegin` -> ckpt_begin: step, path.
     - `CkptSaveEnd` -> ckpt_end: step, total_s = end ts - begin ts; bytes None (not in the log);
       blocking_s: for a synchronous save (no iteration line between its begin and end lines) the same as
@@ -137,5 +206,5 @@ def to_telemetry(
         stamp = ts if ts is not None else clock()
         return {"ts": stamp, "event": event, "rank": rank, "attempt": attempt, "job": job}
 
-    mapper = _TelemetryMapper(seq_length, common)
+    mapper = TelemetryMapper(seq_length, common)
     return [rec for ev in events if (rec := mapper.map(ev)) is not None]

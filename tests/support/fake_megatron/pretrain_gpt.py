@@ -459,6 +459,7 @@ def main() -> None:
         tr.finalize(tr.pending)
     if early:
         dist.barrier()
+        dist.destroy_process_group()  # else gloo's threads may abort the exit ("terminate called ...")
         sys.exit(0)  # training.train: sys.exit(exit_code), exit_code = 0 on these paths
     print_datetime("after training is done")
     if args.save and tr.iteration != 0 and tr.iteration % args.save_interval != 0:
