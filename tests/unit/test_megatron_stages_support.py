@@ -209,3 +209,20 @@ def test_the_report_section_names_the_script_the_changes_and_the_malformed_lines
     assert (sec.ranks_parsed, sec.lines, sec.events, sec.malformed) == (2, 190, 42, 1)
     assert sec.malformed_lines == ["job j rank 3 line 7: iteration 5/ x"]
     assert report_workload.section(from_dict({"nodes": 2, "procs_per_node": 2}), []) is None
+
+
+def test_a_real_resumed_megatron_log_loads_then_unaverages_its_second_line() -> None:
+    """Real H200 log of a resume (Megatron-LM core_v0.19.0 through the bridge): the load lines, then
+    iteration 11 (1st after the load) and 12, whose printed 1499.4 ms is the mean with 11's 2712.4 ms;
+    12 alone is 286.4 ms, and the two lines' timestamps are 286.5 ms apart."""
+    events, stats = logparse.parse_file(FIXTURES / "pretrain_gpt.h200.resume.log")
+    assert stats.malformed == 0
+    recs = logrecords.to_telemetry(events, seq_length=4096, rank=0, attempt=0, job="j")
+    resumed = [r for r in recs if r["event"] == "resume"]
+    assert [(r["step"], r["path"]) for r in resumed] == [(10, "/tmp/lcm-ckpt/resume")]
+    steps = {r["step"]: r for r in recs if r["event"] == "step"}
+    assert sorted(steps) == list(range(11, 21))
+    assert steps[12]["step_time_printed_s"] == pytest.approx(1.4994)
+    assert steps[12]["step_time_s"] == pytest.approx(2 * 1.4994 - 2.7124)
+    assert steps[12]["step_time_s"] == pytest.approx(steps[12]["ts"] - steps[11]["ts"], abs=2e-3)
+    assert steps[11]["loss"] == pytest.approx(9.278255)  # = the uninterrupted run's step 11 (baseline)
