@@ -18,6 +18,7 @@
 #   OUT      if set, the run directory is copied there at the end (the device tool brings $OUT back)
 #   SAVE     save_interval (default max(5, STEPS/3))
 #   CKPT_DIR the checkpoints' root (default: inside the run directory)
+#   FAULT_CASES  comma-separated fault cases (default: all); ONLY: lcm-runner all --only (default: every stage)
 #   MEGATRON_LM  a Megatron-LM checkout, or a .tar.gz of one (extracted under $WORK): `workload: megatron-lm`
 #            with MEGATRON_ARGS (default: a small MoE GPT, mock data, the local transformer implementation)
 set -euo pipefail
@@ -101,7 +102,7 @@ MEGATRON_ARGS=${MEGATRON_ARGS:-"--num-layers 4 --hidden-size 512 --num-attention
   --eval-interval 100000 --split 100,0,0 --seed 1234"}
 
 CFG=$(mktemp --suffix=.yml)
-MLM_DIR="$MLM_DIR" MEGATRON_ARGS="$MEGATRON_ARGS" SAVE="${SAVE:-}" CKPT_DIR="${CKPT_DIR:-}" \
+MLM_DIR="$MLM_DIR" MEGATRON_ARGS="$MEGATRON_ARGS" SAVE="${SAVE:-}" CKPT_DIR="${CKPT_DIR:-}" FAULT_CASES="${FAULT_CASES:-}" \
 "$PY" - "$CFG" "$GPUS" "$PER_NODE" "$STEPS" "$SEQ_LENGTH" "$MBS" "$NODES" <<'PYCFG'
 import os, sys, yaml
 out, gpus, per_node, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -131,6 +132,8 @@ cfg = {
     },
     "fault": {"kill_at_step": save + save // 2, "kill_node": nodes - 1},
 }
+if os.environ.get("FAULT_CASES"):
+    cfg["fault"]["cases"] = os.environ["FAULT_CASES"].split(",")
 if os.environ.get("CKPT_DIR"):
     cfg["checkpoint_dir"] = os.environ["CKPT_DIR"]
 if mlm:  # the user's own trainer: the model is in its arguments, not in `model`
@@ -144,6 +147,7 @@ RUNS=${RUNS:-runs}
 mkdir -p "$RUNS"
 ARGS=(all -c "$CFG" --launcher torchrun --runs-root "$RUNS" --spare-nodes 1 --timeout 1200)
 [ -n "${INVENTORY:-}" ] && ARGS+=(-i "$INVENTORY")
+[ -n "${ONLY:-}" ] && ARGS+=(--only "$ONLY")
 set +e
 "${LCM_RUNNER[@]}" "${ARGS[@]}" 2>&1 | tee "$RUNS/last-gpu-all.log"
 rc=${PIPESTATUS[0]}
