@@ -25,7 +25,8 @@ def test_scan_finds_tagged_children_and_grandchildren_by_node() -> None:
     other = _start(tag + "-other", "n0", "sleep", "30")
     try:
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(procs.scan(tag, "n0")) < 2:
+        # until bash's child has exec'd sleep (between its fork and exec it is a second "bash")
+        while time.monotonic() < deadline and {p.comm for p in procs.scan(tag, "n0")} != {"bash", "sleep"}:
             time.sleep(0.05)
         n0 = procs.scan(tag, "n0")
         assert {p.comm for p in n0} == {"bash", "sleep"}
