@@ -302,9 +302,7 @@ def _print_workload(cfg: RunConfig) -> None:
         return
     from lcm_runner.config.argv import megatron_arg_changes
 
-    print(
-        f"workload: {w.kind} {(w.path or '').rstrip('/')}/{w.entry} ({len(w.args)} argument tokens of yours)"
-    )
+    print(f"workload: {w.kind} {w.script} ({len(w.args)} argument tokens of yours)")
     for change in megatron_arg_changes(cfg):
         print(f"workload: {change}", flush=True)
 

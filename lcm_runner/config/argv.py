@@ -103,7 +103,7 @@ def megatron_argv(
         gpu=cfg.uses_gpu,
         signal_handler=signal_handler,
     )
-    script = f"{(w.path or '').rstrip('/')}/{w.entry}"
+    script = w.script
     return [
         "--telemetry-dir",
         telemetry_dir or f"{save_dir}/telemetry",

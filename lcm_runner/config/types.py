@@ -122,6 +122,11 @@ class WorkloadConfig:
         return self.kind != "lcm"
 
     @property
+    def script(self) -> str:
+        """The user's entry script on the nodes: <path>/<entry>."""
+        return f"{(self.path or '').rstrip('/')}/{self.entry}"
+
+    @property
     def resume_loss_rel_tol(self) -> float:
         """The stated tolerance of a resumed (or recovered) step's loss vs the uninterrupted run's."""
         if self.loss_rel_tol is not None:

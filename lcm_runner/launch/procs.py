@@ -86,6 +86,14 @@ def scan(tag: str, node: str | None = None) -> list[Proc]:
     return found
 
 
+def union(found: list[Proc]) -> list[Proc]:
+    """Each process once (by node and pid), in the order first seen."""
+    seen: dict[tuple[str, int], Proc] = {}
+    for p in found:
+        seen.setdefault((p.node, p.pid), p)
+    return list(seen.values())
+
+
 def kill(procs: list[Proc], sig: int = signal.SIGKILL) -> list[int]:
     killed = []
     for p in procs:

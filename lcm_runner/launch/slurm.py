@@ -206,12 +206,12 @@ class SlurmLauncher:
         except LaunchError:
             stopped = []  # the SIGKILL step below still ends it; only the freeze was lost
         answers = self._on_nodes_while_running(job, nodes, "kill-all", step_only=True)
-        killed = _union([procs.Proc(**p) for ans in (*stopped, *answers) for p in ans["procs"]])
+        killed = procs.union([procs.Proc(**p) for ans in (*stopped, *answers) for p in ans["procs"]])
         if count_ranks(killed) < job.spec.world_size:
             # the step filter missed ranks (LCM_NODE is not the hostname there?): at once, every
             # process of the job, the batch shell too (it then ends the job without a requeue)
             more = self._on_nodes_while_running(job, nodes, "kill-all")
-            killed = _union(killed + [procs.Proc(**p) for ans in more for p in ans["procs"]])
+            killed = procs.union(killed + [procs.Proc(**p) for ans in more for p in ans["procs"]])
         st = self.wait(job, 30.0)
         left: list[procs.Proc] = []
         if not st.state.finished:
@@ -365,14 +365,6 @@ def _by_node(found: list[procs.Proc]) -> dict[str, list[procs.Proc]]:
     for p in found:
         out.setdefault(p.node or "(no LCM_NODE)", []).append(p)
     return out
-
-
-def _union(found: list[procs.Proc]) -> list[procs.Proc]:
-    """Each process once (by node and pid), in the order first seen."""
-    seen: dict[tuple[str, int], procs.Proc] = {}
-    for p in found:
-        seen.setdefault((p.node, p.pid), p)
-    return list(seen.values())
 
 
 def kill_job_argv(

@@ -42,7 +42,7 @@ def section(cfg: RunConfig | None, records: list[Record]) -> WorkloadSection | N
     if w is not None and cfg is not None:
         from lcm_runner.config.argv import megatron_arg_changes
 
-        out.script = f"{(w.path or '').rstrip('/')}/{w.entry}"
+        out.script = w.script
         out.user_args = list(w.args)
         out.arg_changes = megatron_arg_changes(cfg)
         out.loss_rel_tol = w.resume_loss_rel_tol
