@@ -296,7 +296,7 @@ def run(ctx: StageContext) -> StageResult:
         c = cases[name]
         res.job_ids += [j for j in c.job_ids if j not in res.job_ids]
         ctx.progress.info(
-            f"case {name}: downtime {c.downtime_s:.2f}s detect {c.detect_s:.3f}s resumed from "
+            f"case {name}: downtime {c.downtime_s:.2f}s detect {_detect(c, 3)} resumed from "
             f"{c.resumed_from_step:.0f} leftovers {c.leftover_processes:.0f} "
             f"loss diff {c.loss_max_rel_diff:.1e}"
         )
@@ -309,6 +309,16 @@ def run(ctx: StageContext) -> StageResult:
     res.write(ctx.run_dir)
     ctx.progress.end(res, ctx.run_dir)
     return res
+
+
+def _detect(c: Case, digits: int) -> str:
+    """The detection time, or why there is none: no agent saw the fault (one node lost: no survivor; a
+    stock torchrun reference: no agent of ours)."""
+    if math.isnan(c.detect_s) and c.name == "floor":
+        return "n/a (a fresh launch: no fault)"
+    if math.isnan(c.detect_s):
+        return "n/a (no agent of ours saw it)" if c.name in REFERENCE_CASES else "n/a (no surviving agent)"
+    return f"{c.detect_s:.{digits}f}s"
 
 
 def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None:
@@ -351,9 +361,7 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
         parts.append(f"stock torchrun, trainer with exit-signal handler {refh.downtime_s:.2f}s")
     if (nl := cases.get("node_loss")) and not nl.error:
         ck[f"node_loss: back within {t.node_loss_s_max:g}s"] = nl.downtime_s <= t.node_loss_s_max
-        parts.append(
-            f"node_loss {nl.downtime_s:.2f}s (detect {nl.detect_s:.1f}s, {','.join(nl.nodes_after)})"
-        )
+        parts.append(f"node_loss {nl.downtime_s:.2f}s (detect {_detect(nl, 1)}, {','.join(nl.nodes_after)})")
     for c in cases.values():
         if c.name in ("trainer_kill", "node_loss") and not c.error:
             if c.loss_steps_compared:

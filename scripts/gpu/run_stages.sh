@@ -19,6 +19,8 @@
 #   SAVE     save_interval (default max(5, STEPS/3))
 #   CKPT_DIR the checkpoints' root (default: inside the run directory)
 #   FAULT_CASES  comma-separated fault cases (default: all); ONLY: lcm-runner all --only (default: every stage)
+#   RUN_DIR  one run directory to use (default: a new one under $RUNS): two calls with the same RUN_DIR
+#            and different ONLY build one report (each call's stages/*.json stay; the report reads them all)
 #   MEGATRON_LM  a Megatron-LM checkout, or a .tar.gz of one (extracted under $WORK): `workload: megatron-lm`
 #            with MEGATRON_ARGS (default: a small MoE GPT, mock data, the local transformer implementation)
 set -euo pipefail
@@ -145,7 +147,8 @@ PYCFG
 
 RUNS=${RUNS:-runs}
 mkdir -p "$RUNS"
-ARGS=(all -c "$CFG" --launcher torchrun --runs-root "$RUNS" --spare-nodes 1 --timeout 1200)
+ARGS=(all -c "$CFG" --launcher torchrun --spare-nodes 1 --timeout 1200)
+if [ -n "${RUN_DIR:-}" ]; then ARGS+=(--run-dir "$RUN_DIR"); else ARGS+=(--runs-root "$RUNS"); fi
 [ -n "${INVENTORY:-}" ] && ARGS+=(-i "$INVENTORY")
 [ -n "${ONLY:-}" ] && ARGS+=(--only "$ONLY")
 set +e

@@ -121,3 +121,12 @@ def test_report_names_each_torchrun_figure_for_what_it_is(tmp_path: Path) -> Non
     assert rows["torchrun_restart_s"]["label"].startswith("Stock torchrun restart, trainer with exit-signal")
     assert rows["torchrun_restart_s"]["value"] == 4.5
     assert rows["torchrun_restart_handler_s"]["status"] == "SKIP"
+
+
+def test_a_missing_detection_time_is_said_why_not_printed_as_nan() -> None:
+    # a one-node job's node loss has no surviving agent to notice it (H200, 2026-12-02: "detect nans")
+    assert fault._detect(fault.Case("node_loss"), 1) == "n/a (no surviving agent)"
+    assert fault._detect(fault.Case("floor"), 3) == "n/a (a fresh launch: no fault)"
+    assert fault._detect(fault.Case("torchrun_restart_ref"), 3) == "n/a (no agent of ours saw it)"
+    assert fault._detect(fault.Case("trainer_kill", detect_s=0.0254), 3) == "0.025s"
+    assert "nan" not in fault._detect(fault.Case("trainer_kill"), 3)
