@@ -34,7 +34,13 @@ from lcm_runner.launch.commands import agent_argv
 from lcm_runner.launch.jobspec import job_spec
 
 SBATCH_NAME = "train_2node.sbatch"
-TRAIN_METRICS_FILE = "lcm_train.prom"  # in cluster.monitoring.textfile_dir (docs/monitoring.md)
+# One file per job in cluster.monitoring.textfile_dir (docs/monitoring.md): a job's last sample stays
+# there after it ends, for at least TRAIN_METRICS_RETAIN_SCRAPES scrape intervals (and never under
+# TRAIN_METRICS_RETAIN_MIN_S), until a later writer on that node sweeps it: the next job on the node never
+# overwrites it before Prometheus has read it, and two jobs sharing a node never overwrite each other.
+TRAIN_METRICS_PREFIX = "lcm_train_"
+TRAIN_METRICS_RETAIN_SCRAPES = 10
+TRAIN_METRICS_RETAIN_MIN_S = 600
 NCCL_ENV_NAME = "nccl_env.sh"
 TEMPLATES = Path(__file__).parent / "templates"
 SIGNAL_BEFORE_LIMIT_S = 180
@@ -215,15 +221,28 @@ def sbatch_text(
     return sbatch_for(cluster, spec, nccl_profile=nccl_profile, job_name=job_name)
 
 
-def train_metrics_out(cluster: dict[str, Any]) -> str:
-    """Where each node's `lcm-runner metrics train` writes (<monitoring.textfile_dir>/lcm_train.prom),
-    or "" when the spec's monitoring layer is off (the batch script then starts no writer)."""
+@dataclass(frozen=True)
+class TrainMetrics:
+    """Where each node's `lcm-runner metrics train` writes: <textfile_dir>/lcm_train_<job id>.prom, and
+    how long a finished job's file is kept (seconds) before a later writer removes it."""
+
+    textfile_dir: str
+    retain_s: int
+
+    def out(self, job_id: str) -> str:
+        return f"{self.textfile_dir}/{TRAIN_METRICS_PREFIX}{job_id}.prom"
+
+
+def train_metrics(cluster: dict[str, Any]) -> TrainMetrics | None:
+    """The training-metrics writer's place and retention, or None when the spec's monitoring layer is
+    off (the batch script then starts no writer)."""
     if not cluster.get("layers", {}).get("monitoring", False):
-        return ""
+        return None
     from lcm_runner.spec import fill_defaults
 
-    textfile_dir = str(fill_defaults(cluster)["monitoring"]["textfile_dir"])
-    return f"{textfile_dir.rstrip('/')}/{TRAIN_METRICS_FILE}"
+    mon = fill_defaults(cluster)["monitoring"]
+    retain = max(TRAIN_METRICS_RETAIN_MIN_S, TRAIN_METRICS_RETAIN_SCRAPES * int(mon["scrape_interval_s"]))
+    return TrainMetrics(str(mon["textfile_dir"]).rstrip("/") or "/", retain)
 
 
 def sbatch_for(
@@ -240,16 +259,15 @@ def sbatch_for(
             if gpu.get("gres_type")
             else f"gpu:{spec.gpus_per_node}"
         )
-    metrics_out = train_metrics_out(cluster)
+    metrics = train_metrics(cluster)
     container = None
     if spec.container_image:
         mountpoint = cluster.get("storage", {}).get("mountpoint")
         mounts = [f"{mountpoint}:{mountpoint}"] if mountpoint else []
         if not mountpoint or not str(run_dir).startswith(str(mountpoint).rstrip("/") + "/"):
             mounts.append(f"{run_dir}:{run_dir}")
-        if metrics_out:  # the writer runs in the container too
-            textfile_dir = str(Path(metrics_out).parent)
-            mounts.append(f"{textfile_dir}:{textfile_dir}")
+        if metrics:  # the writer runs in the container too
+            mounts.append(f"{metrics.textfile_dir}:{metrics.textfile_dir}")
         mounts += [m for m in spec.container_mounts if m not in mounts]
         container = {"image": spec.container_image, "mounts": ",".join(mounts), "workdir": str(run_dir)}
     requeue_names = requeue_exit_codes(spec.agent)
@@ -275,7 +293,7 @@ def sbatch_for(
             requeue_code=int(ExitCode.REQUEUE),
             requeue_codes=sorted(requeue_names),
             requeue_names=requeue_names,
-            metrics_out=metrics_out,
+            metrics=metrics,
         )
     )
 

@@ -1,8 +1,11 @@
 """`lcm-runner metrics train|slurm` (registered by lcm_runner/cli.py); also `python -m lcm_runner.metrics`.
 
-    metrics train --run-dir D --job-id ID --out FILE [--host H] [--interval-s 5] [--once]
+    metrics train --run-dir D --job-id ID --out FILE [--retain-s S] [--host H] [--interval-s 5] [--once]
         one per node of a job (the sbatch script starts it beside the agent): this node's ranks'
-        telemetry -> FILE (docs/monitoring.md, "Training metrics")
+        telemetry -> FILE, one file per job (<textfile_dir>/lcm_train_<job id>.prom; docs/monitoring.md,
+        "Training metrics"). With --retain-s, at its start and at its end it removes the other jobs'
+        lcm_train*.prom files not written for S seconds: a finished job's last sample stays readable for
+        S seconds (many scrapes), and a dead writer's file does not stay forever
     metrics slurm --out FILE [--interval-s 15] [--once]
         on the controller: sinfo/squeue -> FILE (the lcm_slurm_* metrics)
 
@@ -23,11 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from . import exposition, slurm, train
-from .loop import Publisher, Stopper, output_problem
+from .loop import Publisher, Stopper, output_problem, sweep_stale
 
 # After an exit code the agent restarts in place (not FINAL_EXIT_CODES) the new process writes its
 # `start` once torch is imported and the model built: wait this long before ending on our own.
 RESTART_GRACE_S = 300.0
+TRAIN_FILE_PREFIX = (
+    "lcm_train"  # what --retain-s sweeps: lcm_train*.prom (the pre-per-job lcm_train.prom too)
+)
 
 
 def _positive(text: str) -> float:
@@ -46,7 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--run-dir", required=True, help="the run directory (its telemetry/rank<R>.jsonl)")
     t.add_argument("--job-id", required=True, help="Slurm job id (the records' `job`)")
-    t.add_argument("--out", required=True, type=Path, help="<textfile_dir>/lcm_train.prom")
+    t.add_argument("--out", required=True, type=Path, help="<textfile_dir>/lcm_train_<job id>.prom")
+    t.add_argument(
+        "--retain-s",
+        type=_positive,
+        default=None,
+        help="remove the directory's other lcm_train*.prom not written for this long (default: keep them)",
+    )
     t.add_argument("--host", default=None, help="this node's name as the ranks record it (default: hostname)")
     t.add_argument("--interval-s", type=_positive, default=5.0, help="seconds between writes (default 5)")
     t.add_argument("--once", action="store_true", help="read, write once, exit")
@@ -87,6 +99,8 @@ def run_train(ns: argparse.Namespace) -> int:
     if (rc := _cannot_write(prog, out)) is not None:
         return rc
     stopper = Stopper().install()
+    if ns.retain_s:
+        sweep_stale(out, TRAIN_FILE_PREFIX, ns.retain_s)
     host = ns.host or socket.gethostname()
     collector = train.TrainCollector(ns.run_dir, ns.job_id, host)
     pub = Publisher(out, prog)
@@ -112,6 +126,8 @@ def run_train(ns: argparse.Namespace) -> int:
     if not ns.once:
         collector.poll()
         pub.publish(exposition.render(collector.families(time.time(), alive=False)))
+    if ns.retain_s:
+        sweep_stale(out, TRAIN_FILE_PREFIX, ns.retain_s)
     return 0
 
 

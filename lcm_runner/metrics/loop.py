@@ -84,3 +84,30 @@ class Publisher:
         self.failing = False
         self.writes += 1
         return True
+
+
+def sweep_stale(out: Path, prefix: str, retain_s: float, now: float | None = None) -> list[Path]:
+    """Remove the other writers' files in `out`'s directory (`<prefix>*.prom`, and the
+    `<prefix>*.prom.<pid>.tmp` of a writer killed mid-write) whose last write is older than `retain_s`:
+    a running writer rewrites its file every interval, so only finished (or dead) jobs' files qualify.
+    `out` itself is never touched. Never raises (another writer may be sweeping the same directory)."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        name = p.name
+        if p == out or not name.startswith(prefix):
+            continue
+        if not (name.endswith(".prom") or (".prom." in name and name.endswith(".tmp"))):
+            continue
+        try:
+            if now - p.lstat().st_mtime <= retain_s or not p.is_file():
+                continue
+            p.unlink()
+        except OSError:
+            continue
+        removed.append(p)
+    return removed

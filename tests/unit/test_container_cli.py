@@ -75,7 +75,7 @@ def test_container_options_reach_the_rendered_sbatch(tmp_path: Path) -> None:
         assert ctx.launcher.name == "slurm" and ctx.cfg.container_image == IMAGE
         run_dir = ctx.run_dir.resolve()
         cluster = ctx.cluster
-        textfile = str(Path(render.train_metrics_out(cluster)).parent)
+        textfile = render.train_metrics(cluster).textfile_dir
         want_mounts = [
             "/shared:/shared",  # the spec's shared storage
             f"{run_dir}:{run_dir}",  # the run dir (not under /shared here)

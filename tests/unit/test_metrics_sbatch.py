@@ -31,7 +31,8 @@ from lcm_runner.metrics.cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "inventories" / "lab"
 H200 = ROOT / "inventories" / "example-h200"
-WRITER = '"$LCM_PYTHON" -m lcm_runner.metrics train --run-dir "$LCM_RUN_DIR" --job-id "$SLURM_JOB_ID" --out '
+WRITER_CMD = '"$LCM_PYTHON" -m lcm_runner.metrics train --run-dir "$LCM_RUN_DIR" --job-id "$SLURM_JOB_ID"'
+WRITER = WRITER_CMD + " \\\n    --out "
 
 
 def _cluster(inv: Path, monitoring: bool, textfile_dir: Path | None = None) -> dict:
@@ -72,7 +73,8 @@ def test_monitoring_off_is_unchanged_and_on_adds_only_the_writer(
         subprocess.run(["bash", "-n", str(script)], check=True)
     assert "lcm_runner.metrics" not in off and "metrics_pid" not in off
     assert "/var/lib/prometheus/node-exporter" not in off
-    out = "/var/lib/prometheus/node-exporter/lcm_train.prom"  # cluster.monitoring.textfile_dir default
+    # cluster.monitoring.textfile_dir default; one file per job, kept 600 s (10 x 15 s scrapes, >= 600 s)
+    out = '/var/lib/prometheus/node-exporter/lcm_train_"$SLURM_JOB_ID".prom --retain-s 600'
     assert on.count("-m lcm_runner.metrics train") == 1 and f"{WRITER}{out} &\n" in on
     removed, added = [], []
     for line in difflib.ndiff(off.splitlines(), on.splitlines()):
@@ -86,7 +88,8 @@ def test_monitoring_off_is_unchanged_and_on_adds_only_the_writer(
     for ln in added:
         assert (
             ln.lstrip().startswith("#")
-            or ln.startswith(f"  {WRITER}")
+            or ln == f"  {WRITER_CMD} \\"
+            or ln.startswith("    --out ")
             or "metrics_pid" in ln
             or ln in ("  n=0", "  local started rc metrics_pid n")
             or "--container-mounts=" in ln
@@ -107,7 +110,7 @@ def test_container_mounts_the_textfile_dir_only_with_monitoring(tmp_path: Path) 
         text = render.sbatch_text(c, _cfg("h200.yml"), tmp_path / "run")
         mounts = next(ln for ln in text.splitlines() if "--container-mounts=" in ln)
         assert ("/srv/textfile:/srv/textfile" in mounts) == monitoring
-        assert ("--out /srv/textfile/lcm_train.prom &" in text) == monitoring
+        assert ('--out /srv/textfile/lcm_train_"$SLURM_JOB_ID".prom --retain-s 600 &' in text) == monitoring
 
 
 STANDIN = """#!{py}
@@ -149,7 +152,7 @@ def _run_node(
     standin = tmp_path / "python"
     standin.write_text(
         STANDIN.format(
-            py=sys.executable, calls=str(calls), out=str(textfile_dir / "lcm_train.prom"),
+            py=sys.executable, calls=str(calls), out=str(textfile_dir / "lcm_train_4242.prom"),
             marker=str(marker), ended=str(ended),
         )
     )  # fmt: skip
@@ -208,14 +211,25 @@ def test_node_runs_the_writer_beside_the_agent_and_keeps_its_exit_code(
 ) -> None:
     textfile_dir = tmp_path / "textfile"
     textfile_dir.mkdir()
+    now = time.time()
+    for name, age in (
+        ("lcm_train_4241.prom", 60),  # a job that ended a minute ago: still within the retention
+        ("lcm_train_4000.prom", 700),  # an old job's
+        ("lcm_train_4000.prom.99.tmp", 700),  # a writer killed mid-write
+        ("lcm_train.prom", 700),  # the single file of earlier versions
+        ("lcm_slurm.prom", 700),  # another writer's family: never swept by this one
+    ):
+        (textfile_dir / name).write_text("# old\n")
+        os.utime(textfile_dir / name, (now - age, now - age))
     code, log, agent_ended, calls = _run_node(tmp_path, inv, cfgname, agent, rc, exit_record, textfile_dir)
     assert code == want, log
     writer = [c for c in calls if c[:2] == ["-m", "lcm_runner.metrics"]]
     assert len(writer) == 1
     ns = build_parser().parse_args(writer[0][2:])
     assert ns.metrics_command == "train" and ns.job_id == "4242"
-    assert ns.out == textfile_dir / "lcm_train.prom" and Path(ns.run_dir) == tmp_path / "run"
-    text = (textfile_dir / "lcm_train.prom").read_text()
+    assert ns.out == textfile_dir / "lcm_train_4242.prom" and Path(ns.run_dir) == tmp_path / "run"
+    assert ns.retain_s == 600
+    text = (textfile_dir / "lcm_train_4242.prom").read_text()
     got = {
         (s.name, frozenset(s.labels.items())): s.value
         for f in text_string_to_metric_families(text)
@@ -227,7 +241,13 @@ def test_node_runs_the_writer_beside_the_agent_and_keeps_its_exit_code(
     # its last write came after the agent had exited (the final file written on SIGTERM)
     beat = got[("lcm_train_writer_heartbeat_timestamp_seconds", frozenset({"job_id": "4242"}.items()))]
     assert beat >= agent_ended
-    assert sorted(p.name for p in textfile_dir.iterdir()) == ["lcm_train.prom"]
+    # the other jobs' files: the one last written within the retention stays, the older ones (and a dead
+    # writer's tmp file, and the single file of earlier versions) were swept
+    assert sorted(p.name for p in textfile_dir.iterdir()) == [
+        "lcm_slurm.prom",
+        "lcm_train_4241.prom",
+        "lcm_train_4242.prom",
+    ]
 
 
 def test_a_missing_textfile_dir_does_not_change_the_task(tmp_path: Path) -> None:

@@ -545,3 +545,37 @@ def test_start_record_gpu_is_the_visible_entry_at_local_rank(
     from lcm_runner.train.trainer import physical_gpu
 
     assert physical_gpu(device, env) == want
+
+
+def test_sweep_removes_only_other_writers_stale_files(tmp_path: Path) -> None:
+    from lcm_runner.metrics.loop import sweep_stale
+
+    now = 1_000_000.0
+    own = tmp_path / "lcm_train_7.prom"
+    files = {
+        "lcm_train_7.prom": 5000,  # its own file, however old, is never removed
+        "lcm_train_6.prom": 601,
+        "lcm_train_5.prom": 599,
+        "lcm_train_4.prom.123.tmp": 601,
+        "lcm_train_3.txt": 5000,  # not a textfile-collector file
+        "lcm_slurm.prom": 5000,  # another family
+        "node.prom": 5000,
+    }
+    for name, age in files.items():
+        (tmp_path / name).write_text("x\n")
+        os.utime(tmp_path / name, (now - age, now - age))
+    (tmp_path / "lcm_train_dir.prom").mkdir()  # not a file: left alone
+    os.utime(tmp_path / "lcm_train_dir.prom", (now - 5000, now - 5000))
+    removed = sweep_stale(own, "lcm_train", 600, now=now)
+    assert sorted(p.name for p in removed) == ["lcm_train_4.prom.123.tmp", "lcm_train_6.prom"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        {
+            "lcm_train_7.prom",
+            "lcm_train_5.prom",
+            "lcm_train_3.txt",
+            "lcm_slurm.prom",
+            "node.prom",
+            "lcm_train_dir.prom",
+        }
+    )
+    assert sweep_stale(tmp_path / "missing" / "lcm_train_1.prom", "lcm_train", 600) == []
