@@ -15,6 +15,8 @@ from pathlib import Path
 
 FIRST = 5  # steps before it are warm-up (CUDA context, allocator, first kernels)
 TOKENS_PER_STEP = 2 * 4096  # global batch 2 x sequence 4096
+ENGINE_RUNS = ("engine-unfused", "engine-flash", "engine-bare", "engine-grouped", "engine-flash-grouped")
+REQUIRED = ("engine-unfused", "engine-flash", "engine-bare")  # the later two: runs of this script since 12-02
 ITER = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
@@ -38,6 +40,9 @@ def engine_run(d: Path) -> dict | None:
         out["comm_share_by_collective"] = {k: round(statistics.median(v), 4) for k, v in sorted(per.items())}
     start = next((r for r in recs if r.get("event") == "start"), {})
     out["attention"] = start.get("attention")
+    out["experts"] = start.get("experts") or "sequential"
+    every = [r for r in recs if r.get("event") == "step"]
+    out["loss_first"], out["loss_last"] = every[0].get("loss"), every[-1].get("loss")
     return out
 
 
@@ -47,12 +52,19 @@ def megatron_run(log: Path) -> dict | None:
     t = [float(ms) for it, ms in ITER.findall(log.read_text(errors="replace")) if int(it) >= FIRST]
     if not t:
         return None
-    return {"steps": len(t), "median_step_ms": round(statistics.median(t), 2), "attention": "unfused"}
+    return {
+        "steps": len(t),
+        "median_step_ms": round(statistics.median(t), 2),
+        "attention": "unfused",
+        "experts": "sequential",
+    }
 
 
 def main(outdir: Path) -> int:
     runs: dict[str, dict | None] = {
-        name: engine_run(outdir / name) for name in ("engine-unfused", "engine-flash", "engine-bare")
+        name: engine_run(outdir / name)
+        for name in ENGINE_RUNS
+        if (outdir / name).is_dir() or name in REQUIRED
     }
     runs["megatron-lm"] = megatron_run(outdir / "megatron-lm.log")
     ref = (runs.get("megatron-lm") or {}).get("median_step_ms")
@@ -75,18 +87,20 @@ def main(outdir: Path) -> int:
 def write_markdown(outdir: Path, summary: dict, ok: bool = True) -> int:
     runs = summary["runs"]
     lines = [
-        "| run | attention | median step (ms) | tokens/s | comm share | step / Megatron-LM's |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| run | attention | experts | median step (ms) | tokens/s | comm share | step / Megatron-LM's "
+        "| loss step 1 -> last |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in runs.items():
         if not r:
-            lines.append(f"| {name} | - | did not run | | | |")
+            lines.append(f"| {name} | - | - | did not run | | | | |")
             continue
         share = f"{r['comm_share'] * 100:.1f} %" if "comm_share" in r else "not measured"
         ratio = f"{r['ratio_to_megatron_lm']:.3f}x" if "ratio_to_megatron_lm" in r else "-"
+        loss = f"{r['loss_first']:.6f} -> {r['loss_last']:.6f}" if r.get("loss_first") is not None else "-"
         lines.append(
-            f"| {name} | {r['attention']} | {r['median_step_ms']:.1f} | {r['tokens_per_s']:,} | {share} "
-            f"| {ratio} |"
+            f"| {name} | {r['attention']} | {r.get('experts', 'sequential')} | {r['median_step_ms']:.1f} "
+            f"| {r['tokens_per_s']:,} | {share} | {ratio} | {loss} |"
         )
     a = summary["attention_core"]
     if a:

@@ -7,10 +7,14 @@
 #   engine-flash     the same with --use-flash-attn (SDPAttention: PyTorch's fused SDPA kernels)
 #   engine-bare      engine-unfused without the per-step extras (--no-measure-comm, no NaN guard), to
 #                    price them
+#   engine-grouped   engine-unfused with --moe-grouped-gemm (the local experts as two torch._grouped_mm
+#                    GEMMs: lcm_runner/train/experts.py)
+#   engine-flash-grouped  --use-flash-attn --moe-grouped-gemm
 #   megatron-lm      pretrain_gpt.py of Megatron-LM core_v0.19.0 (its in-tree megatron/core), mock data,
 #                    --transformer-impl local (unfused attention), the fixture command of
 #                    ../shared/fixtures/megatron-lm/README.md without the save
-# plus the attention core alone (fwd + bwd per layer, unfused vs SDPA, and their difference).
+# plus the attention core alone (fwd + bwd per layer, unfused vs SDPA, and their difference) and the grouped
+# experts against the per-expert loop (benchmarks/grouped_experts_check.py: accuracy, one layer's time).
 # benchmarks/engine_vs_megatron.py then writes OUTDIR/summary.json and OUTDIR/summary.md (medians of steps
 # 5-40). Needs in .whl/: megatron-core's cp312 wheel (unless installed) and
 # megatron-lm-core_v0.19.0.tar.gz (the offline mirror's archive).
@@ -56,6 +60,8 @@ engine() {  # name extra-args...
 engine engine-unfused
 engine engine-flash --use-flash-attn
 engine engine-bare --no-measure-comm --no-check-for-nan-in-loss-and-grad
+engine engine-grouped --moe-grouped-gemm
+engine engine-flash-grouped --use-flash-attn --moe-grouped-gemm
 
 echo "=== megatron-lm $(date -u +%T)"
 t0=$SECONDS
@@ -70,6 +76,9 @@ echo "rc=$? wall=$((SECONDS - t0))s"; grep -E "iteration +(5|40)/" "$OUTDIR/mega
 echo "=== attention core $(date -u +%T)"
 CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$ENGINE_PATH python3 benchmarks/attention_core.py --out "$OUTDIR/attention.json" \
   2>&1 | tail -5
+echo "=== grouped experts vs the per-expert loop $(date -u +%T)"
+CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$ENGINE_PATH python3 benchmarks/grouped_experts_check.py \
+  --out "$OUTDIR/grouped_experts.json" 2>&1 | tail -25
 if [ "${LCM_BENCH_PROFILE:-0}" = 1 ]; then  # where a step of engine-flash goes (torch.profiler, steps 12-15)
   echo "=== profile engine-flash $(date -u +%T)"
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$ENGINE_PATH timeout 300 python3 benchmarks/profile_step.py \

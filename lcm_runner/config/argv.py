@@ -71,6 +71,8 @@ def train_argv(
         args.append("--bf16")
     if m.use_flash_attn:
         args.append("--use-flash-attn")
+    if m.moe_grouped_gemm and m.num_experts:
+        args.append("--moe-grouped-gemm")
     args += ["--device", "cuda" if cfg.uses_gpu else "cpu"]
     if telemetry_dir is not None:
         args += ["--telemetry-dir", telemetry_dir]

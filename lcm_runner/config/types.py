@@ -67,6 +67,7 @@ class ModelConfig:
     moe_router_topk: int = 2
     bf16: bool = False
     use_flash_attn: bool = False
+    moe_grouped_gemm: bool = False  # the trainer's --moe-grouped-gemm (lcm_runner/train/experts.py)
     seed: int = 1234
 
 

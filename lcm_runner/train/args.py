@@ -35,6 +35,7 @@ class TrainArgs:
     moe_router_topk: int
     moe_token_dispatcher_type: str
     moe_aux_loss_coeff: float
+    moe_grouped_gemm: bool
     vocab_size: int
     # batch / parallelism
     micro_batch_size: int
@@ -121,6 +122,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--moe-router-topk", type=int, default=2)
     g.add_argument("--moe-token-dispatcher-type", choices=("alltoall", "allgather"), default="alltoall")
     g.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    g.add_argument(
+        "--moe-grouped-gemm",
+        action="store_true",
+        help="the local experts as two grouped GEMMs (torch._grouped_mm; TE's grouped MLP with TE): "
+        "lcm_runner/train/experts.py",
+    )
     g.add_argument(
         "--vocab-size", type=int, default=VOCAB_SIZE_DEFAULT, help="synthetic data vocabulary (and model's)"
     )

@@ -104,7 +104,10 @@ def transformer_config(args: TrainArgs, device: str) -> Any:
             moe_router_topk=args.moe_router_topk,
             moe_token_dispatcher_type=args.moe_token_dispatcher_type,
             moe_aux_loss_coeff=args.moe_aux_loss_coeff,
-            moe_grouped_gemm=False,
+            # TE's grouped MLP reads it; the local spec's grouped experts are lcm_runner/train/experts.py
+            moe_grouped_gemm=bool(
+                args.moe_grouped_gemm and resolve_impl(args, device) == "transformer_engine"
+            ),
         )
     return TransformerConfig(**kw)
 
@@ -116,7 +119,7 @@ def layer_spec(args: TrainArgs, impl: str, config: Any) -> Any:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
         return get_gpt_layer_with_transformer_engine_spec(
-            num_experts=args.num_experts, moe_grouped_gemm=False
+            num_experts=args.num_experts, moe_grouped_gemm=bool(args.moe_grouped_gemm and args.num_experts)
         )
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
@@ -128,6 +131,10 @@ def layer_spec(args: TrainArgs, impl: str, config: Any) -> Any:
         from .attention import sdpa_attention_class
 
         spec.submodules.self_attention.submodules.core_attention = sdpa_attention_class()
+    if args.moe_grouped_gemm and args.num_experts:
+        from .experts import use_grouped_experts
+
+        use_grouped_experts(spec)
     here = get_num_layers_to_build(config)  # this pipeline stage's layers
     return TransformerBlockSubmodules(layer_specs=[spec] * here, layer_norm=TorchLayerNorm)
 
@@ -142,6 +149,7 @@ class Built:
     config: Any
     num_params: int
     attention: str = "unfused"  # attention_kind()
+    experts: str = ""  # experts_kind(): "" (dense), "sequential", "grouped", "sequential (<why not grouped>)"
 
 
 def build(args: TrainArgs, device: str) -> Built:
@@ -192,4 +200,23 @@ def build(args: TrainArgs, device: str) -> Built:
             betas=(args.adam_beta1, args.adam_beta2),
             weight_decay=args.weight_decay,
         )
-    return Built(gpt, model, optimizer, opt_impl, impl, cfg, num_params, attention_kind(args, impl))
+    return Built(
+        gpt, model, optimizer, opt_impl, impl, cfg, num_params, attention_kind(args, impl),
+        experts_kind(args, impl, cfg, device),
+    )  # fmt: skip
+
+
+def experts_kind(args: TrainArgs, impl: str, config: Any, device: str) -> str:
+    """How the local experts run, for the `start` record: megatron's SequentialMLP, or the grouped GEMMs
+    of `--moe-grouped-gemm` (with the reason when they cannot run and SequentialMLP's forward does)."""
+    if not args.num_experts:
+        return ""
+    if not args.moe_grouped_gemm:
+        return "sequential"
+    if impl == "transformer_engine":
+        return "grouped (transformer engine)"
+    from .experts import why_sequential
+
+    dev = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device(device)
+    why = why_sequential(config, args.num_experts // args.ep, dev, config.params_dtype)
+    return f"sequential ({why})" if why else "grouped"

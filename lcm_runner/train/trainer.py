@@ -253,6 +253,7 @@ class Trainer:
             backend=dist.get_backend(),
             transformer_impl=self.built.transformer_impl,
             attention=self.built.attention,
+            experts=self.built.experts,
             optimizer_impl=self.built.optimizer_impl,
             num_params=self.built.num_params,
             num_microbatches=self.num_micro,

@@ -160,3 +160,32 @@ def test_sdpa_module_matches_unfused_module(tmp_path: Path, head_dim: int, exact
         assert diff == {"out_max_abs": 0.0, "out_max_rel": 0.0, "grad_max_abs": 0.0}
     else:
         assert diff["out_max_rel"] < 1e-5 and diff["grad_max_abs"] < 1e-4, diff
+
+
+def test_grouped_experts_train_bitwise_like_sequential_and_read_its_checkpoint(
+    base: Path, single: dict[int, float], tmp_path: Path
+) -> None:
+    """--moe-grouped-gemm (torch._grouped_mm, lcm_runner/train/experts.py) on CPU: the same losses to the
+    last bit as megatron's SequentialMLP, from scratch and continuing SequentialMLP's own checkpoint (the
+    checkpoint format is SequentialMLP's)."""
+    argv = [*TINY, "--train-iters", "3"]
+    seq = one_process(tmp_path / "seq", argv)
+    grouped = one_process(tmp_path / "grouped", [*argv, "--moe-grouped-gemm"])
+    assert seq.codes == [0] and grouped.codes == [0], seq.log + grouped.log
+    assert losses(grouped) == losses(seq) and len(losses(grouped)) == 3
+    assert of_event(load_run(tmp_path / "grouped"), "start")[0].get("experts") == "grouped"
+    assert of_event(load_run(tmp_path / "seq"), "start")[0].get("experts") == "sequential"
+    cont = one_process(
+        tmp_path / "cont",
+        [
+            *TINY,
+            *CONTINUE,
+            "--moe-grouped-gemm",
+            "--load",
+            str(base / "ckpt"),
+            "--save",
+            str(tmp_path / "ck"),
+        ],
+    )
+    assert cont.codes == [0], cont.log
+    assert losses(cont) == single
