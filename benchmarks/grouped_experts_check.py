@@ -55,8 +55,9 @@ def _loop(experts: list, x: torch.Tensor, counts: list[int], probs: torch.Tensor
     return torch.cat(outs)
 
 
-def _run(fn: str, counts: list[int], hidden: int, ffn: int, dtype: torch.dtype, x0, p0, g0):
-    experts = _experts(len(counts), hidden, ffn, dtype, "cuda")
+def _run(fn: str, counts: list[int], hidden: int, ffn: int, dtype: torch.dtype, x0, p0, g0, experts=None):
+    if experts is None:
+        experts = _experts(len(counts), hidden, ffn, dtype, "cuda")
     x = x0.to(dtype).clone().requires_grad_()
     probs = p0.clone().requires_grad_()
     if fn == "grouped":
@@ -92,14 +93,15 @@ def timing(counts: list[int], hidden: int, ffn: int, reps: int) -> dict:
     p0 = torch.rand(n, device="cuda")
     g0 = torch.randn(n, hidden, device="cuda")
     out = {}
+    experts = _experts(len(counts), hidden, ffn, torch.bfloat16, "cuda")  # built once, outside the timing
     for fn in ("loop", "grouped"):
         for _ in range(3):
-            _run(fn, counts, hidden, ffn, torch.bfloat16, x0, p0, g0)
+            _run(fn, counts, hidden, ffn, torch.bfloat16, x0, p0, g0, experts)
         t = []
         for _ in range(reps):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            _run(fn, counts, hidden, ffn, torch.bfloat16, x0, p0, g0)
+            _run(fn, counts, hidden, ffn, torch.bfloat16, x0, p0, g0, experts)
             torch.cuda.synchronize()
             t.append((time.perf_counter() - t0) * 1000)
         out[fn] = {"median_ms": round(statistics.median(t), 3)}
