@@ -21,9 +21,12 @@ def row_engine_vs_megatron(res: Results) -> Row:
         f"Megatron-LM {_num(ref, 1)} ms; engine unfused {_num(unfused, 1)} ms = {_num(unfused / ref, 2)}x; "
         f"engine + SDPA flash {_num(flash, 1)} ms = {_num(ref / flash, 2)}x faster"
     )
+    if "engine-flash-grouped" in runs:
+        fg = ms("engine-flash-grouped")
+        value += f"; + grouped expert GEMMs {_num(fg, 1)} ms = {_num(ref / fg, 2)}x faster"
     return Row(
         "MoE GPT step, same shape, one run: Megatron-LM `pretrain_gpt.py` (unfused) vs the engine "
-        "unfused / with `--use-flash-attn` (median of steps 5-40)",
+        "unfused / with `--use-flash-attn` / and `--moe-grouped-gemm` (median of steps 5-40)",
         "H200",
         value,
         [VS_MEGATRON],
