@@ -131,6 +131,7 @@ cfg = {
         "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 16, "ffn_hidden_size": 4096,
         "seq_length": seq, "micro_batch_size": mbs, "global_batch_size": mbs * gpus,
         "tp": 1, "pp": 1, "ep": 2, "num_experts": 8, "moe_router_topk": 2, "bf16": True,
+        "moe_grouped_gemm": True,
     },
     "fault": {"kill_at_step": save + save // 2, "kill_node": nodes - 1},
 }

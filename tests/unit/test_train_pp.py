@@ -88,11 +88,13 @@ def test_pp2_trains_bitwise_like_one_process(base: Path, single: dict[int, float
 def test_tp2_pp2_ep2_on_8_ranks_matches_one_process(
     base: Path, single: dict[int, float], tmp_path: Path
 ) -> None:
+    """With the grouped expert GEMMs (the configs' choice; 2 local experts per rank, each split over the
+    expert-TP pair) continuing the single process's SequentialMLP checkpoint."""
     run = run_direct(
         tmp_path,
         [*CONTINUE, "--load", str(base / "ckpt"), "--save", str(tmp_path / "ck"),
          "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-         "--expert-model-parallel-size", "2"],
+         "--expert-model-parallel-size", "2", "--moe-grouped-gemm"],
         model=TINY, save=False, nproc=8,
     )  # fmt: skip
     assert run.codes == [0] * 8, run.log
@@ -103,6 +105,7 @@ def test_tp2_pp2_ep2_on_8_ranks_matches_one_process(
     recs = run.records()
     start = of_event(recs, "start", rank=0)[0]
     assert (start.get("tp"), start.get("pp"), start.get("ep"), start.get("dp")) == (2, 2, 2, 2)
+    assert start.get("experts") == "grouped"
     # communication per collective: rank 0 is on the first stage (it sends activations, receives their
     # gradients), in a TP pair, an EP pair and a DP pair
     for rec in steps(recs, rank=0):
