@@ -76,6 +76,16 @@ def _common(p: argparse.ArgumentParser, config_required: bool = True) -> None:
         default=0,
         help="slow each step down (tiny CPU models) so operator actions land mid-run",
     )
+    p.add_argument(
+        "--hold-at-step",
+        type=int,
+        default=0,
+        help="with --hold-file: every rank of the stage's jobs waits before this step while the file exists",
+    )
+    p.add_argument(
+        "--hold-file",
+        help="a path every node sees (shared storage): remove it to release a job held by --hold-at-step",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds any single wait may take")
     p.add_argument(
         "--container-image",
@@ -217,6 +227,12 @@ def make_context(ns: argparse.Namespace) -> Any:
         )
     if ns.step_sleep_ms < 0 or ns.timeout <= 0 or ns.spare_nodes < 0:
         raise UsageError("--step-sleep-ms and --spare-nodes must be >= 0, --timeout > 0")
+    if ns.hold_at_step < 0 or (ns.hold_at_step > 0) != bool(ns.hold_file):
+        raise UsageError("--hold-at-step (> 0) and --hold-file go together")
+    if ns.hold_file and cfg.workload.foreign:
+        raise UsageError(
+            f"--hold-at-step: a {cfg.workload.kind} workload runs the user's own trainer, which has no hold"
+        )
     standby = ns.standby_nodes if ns.standby_nodes is not None else min(1, ns.spare_nodes)
     if launcher_name == "slurm" and ns.standby_nodes:
         raise UsageError(
@@ -256,6 +272,7 @@ def make_context(ns: argparse.Namespace) -> Any:
         env_file=env_file,
         cluster=cluster,
         step_sleep_ms=ns.step_sleep_ms,
+        hold=(ns.hold_at_step, ns.hold_file) if ns.hold_file else None,
         timeout_s=ns.timeout,
         standby_nodes=standby,
     )

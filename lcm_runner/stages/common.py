@@ -157,6 +157,7 @@ class StageContext:
     env_file: Path | None = None
     cluster: dict[str, Any] | None = None
     step_sleep_ms: int = 0  # stretches steps so operator actions land mid-run (tiny CPU models)
+    hold: tuple[int, str] | None = None  # (step, file): jobs wait before the step while the file exists
     standby_nodes: int = 0  # hot spare agents for the node-loss case (local launcher)
     torchrun_handler_ref: bool = True  # fault: also measure stock torchrun with the exit-signal handler on
     timeout_s: float = 600.0
@@ -195,6 +196,8 @@ class StageContext:
             )
             if self.step_sleep_ms:
                 args += ["--fault-sleep-ms", str(self.step_sleep_ms)]
+            if self.hold:
+                args += ["--fault-hold-at-step", str(self.hold[0]), "--fault-hold-file", self.hold[1]]
         return job_spec(
             c,
             name=name,

@@ -84,6 +84,9 @@ class TrainArgs:
     exit_signal_handler: bool
     # fault injection (tests and the fault stage)
     fault_sleep_ms: int
+    fault_hold_at_step: int
+    fault_hold_file: str | None
+    fault_hold_max_s: float
     fault_kill_at_step: int
     fault_kill_rank: int
     fault_kill_schedule: list[int]
@@ -241,6 +244,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault-sleep-ms", type=int, default=0, help="sleep this long before each step")
     g.add_argument(
+        "--fault-hold-at-step",
+        type=int,
+        default=0,
+        help="before this step every rank waits while --fault-hold-file exists (an operator drill holds "
+        "the job mid-run; every rank holds at the same step, so no collective waits on a held peer)",
+    )
+    g.add_argument("--fault-hold-file", default=None, help="the hold file (on storage every rank sees)")
+    g.add_argument(
+        "--fault-hold-max-s",
+        type=float,
+        default=1800.0,
+        help="stop holding after this long even if the file is still there",
+    )
+    g.add_argument(
         "--fault-kill-at-step", type=int, default=0, help="SIGKILL a rank at this step (attempt 0)"
     )
     g.add_argument("--fault-kill-rank", type=int, default=0)
@@ -317,6 +334,10 @@ def validate_static(args: TrainArgs) -> None:
     for name in ("max_nonfinite_skips", "max_nonfinite_rewinds", "fault_nan_attempts"):
         if getattr(args, name) < 0:
             raise ArgError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(args, name)})")
+    if (args.fault_hold_at_step > 0) != bool(args.fault_hold_file):
+        raise ArgError("--fault-hold-at-step (> 0) and --fault-hold-file go together")
+    if args.fault_hold_max_s <= 0:
+        raise ArgError(f"--fault-hold-max-s {args.fault_hold_max_s}: expected > 0")
     if args.ckpt_good_after_steps < 1:
         raise ArgError(f"--ckpt-good-after-steps must be >= 1 (got {args.ckpt_good_after_steps})")
     if args.save_interval and not args.save:

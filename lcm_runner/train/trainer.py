@@ -229,6 +229,22 @@ class Trainer:
         self.tel.emit(EVENT_EXIT, code=code_i, reason=reason, durable=True)
         return code
 
+    def _hold(self, step: int, path: Path, max_s: float, handler: Any) -> None:
+        """An operator drill's pause: wait before `step` while `path` exists (every rank polls the same file
+        on shared storage at the same step, so no collective is left waiting on a held peer). A pending
+        signal or `max_s` ends the hold; the step then runs and the signal is handled as usual."""
+        t0 = time.monotonic()
+        if not path.exists():
+            return
+        if self.rank == 0:
+            print(f"[rank0] fault injection: holding before step {step} while {path} exists", flush=True)
+        while path.exists() and time.monotonic() - t0 < max_s:
+            if handler is not None and handler.pending():
+                break
+            time.sleep(0.2)
+        if self.rank == 0:
+            print(f"[rank0] fault injection: hold released after {time.monotonic() - t0:.1f} s", flush=True)
+
     def stop_requested(self, handler: Any) -> bool:
         flag = torch.tensor([1 if handler is not None and handler.pending() else 0], dtype=torch.int32)
         flag = flag.to(self.dev)
@@ -289,6 +305,8 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
             if a.fault_sleep_ms:
                 time.sleep(a.fault_sleep_ms / 1000.0)
+            if step == a.fault_hold_at_step and a.fault_hold_file:
+                self._hold(step, Path(a.fault_hold_file), a.fault_hold_max_s, handler)
             r = self.train_step(step, attempt)
             if r.nonfinite:
                 code = self._on_nonfinite(step, r)

@@ -2,12 +2,13 @@
 docs/nodes.md), with a training job running on the two nodes all along.
 
 Run from the host with the lab up: `LCM_LAB=1 pytest -m lab tests/lab/test_nodes_join.py` (molecule verify
-runs it). The job is the baseline stage of configs/lab.yml slowed down (--step-sleep-ms) so that lab-node3's
-whole add happens while it trains; its losses are compared bit for bit with the baseline of the session's
-lab run (`lab_run_result`, the same config: CPU runs are deterministic). The add's burn-in includes the
-cross-node all-reduce sweep of lab-node3 with lab-node1 (a partner running the job); both nodes' reports are
-asserted. The durations of the add and the removal (and the sweep's figure) are written to
-.cache/test-logs/nodes-drill.json (not asserted: docs/nodes.md quotes a committed run).
+runs it). The job is the baseline stage of configs/lab.yml held before one of its steps (--hold-at-step, a
+hold file on the shared storage) until lab-node3's whole add has finished, so the join lands while it runs
+whatever the add's duration on the machine; its losses are compared bit for bit with the baseline of the
+session's lab run (`lab_run_result`, the same config: CPU runs are deterministic). The add's burn-in
+includes the cross-node all-reduce sweep of lab-node3 with lab-node1 (a partner running the job); both
+nodes' reports are asserted. The durations of the add and the removal (and the sweep's figure) are written
+to .cache/test-logs/nodes-drill.json (not asserted: docs/nodes.md quotes a committed run).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 NEW = "lab-node3"
 PARTNER = "lab-node1"  # the cross-node sweep's partner of the single new node: the first one in service
 OLD = ["lab-ctl", "lab-node1", "lab-node2"]
-# Per step: the 30 steps (about 3.5 min) outlast the add's last part (monitoring, burn-in, join: about 2 min).
-STEP_SLEEP_MS = int(os.environ.get("LCM_NODES_STEP_SLEEP_MS", "7000"))
+# The job trains steps 1..HOLD_STEP-1 (paced) while lab-node3 is converged, then waits before HOLD_STEP
+# until the test removes the hold file after the add: a fixed pace alone lost the race on a loaded CI machine
+# (the add outlasted 30 steps x 7 s).
+STEP_SLEEP_MS = int(os.environ.get("LCM_NODES_STEP_SLEEP_MS", "1000"))
+HOLD_STEP = 10
+HOLD_FILE = "ci/nodes-drill.hold"  # under /shared: every node sees it
 PLAYBOOK_TIMEOUT_S = 1200
 
 
@@ -131,7 +136,18 @@ def reference_losses(lab_run_result: LabRun) -> dict[int, str]:
     return losses
 
 
-def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int, str]) -> None:
+@pytest.fixture
+def hold() -> Iterator[Path]:
+    """The hold file the drill's job waits on before HOLD_STEP; removed at the end whatever happens, so that
+    a failed test never leaves a job held."""
+    path = SHARED_HOST / HOLD_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("removed by tests/lab/test_nodes_join.py once the add has finished\n")
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int, str], hold: Path) -> None:
     assert _podman("container", "exists", NEW).returncode != 0, f"{NEW} exists: a previous run left it"
     runs = SHARED_HOST / "ci"
     runs.mkdir(parents=True, exist_ok=True)
@@ -145,8 +161,8 @@ def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int
     t0 = time.monotonic()
     add, add_log = _start_playbook("add_nodes.yml", NEW, 3)
 
-    # 2. While lab-node3 is being converged, a training job starts on lab-node1 + lab-node2, slowed so that it
-    #    is still training when the add's burn-in and join come (checked below).
+    # 2. While lab-node3 is being converged, a training job starts on lab-node1 + lab-node2; held before
+    #    HOLD_STEP until the add is over, it is running when the add's burn-in and join come (checked below).
     monitoring_play = "PLAY [Exporters on every node]"
     _wait("the add to reach the monitoring layer", lambda: monitoring_play in add_log.read_text(),
           timeout=PLAYBOOK_TIMEOUT_S, every=3)  # fmt: skip
@@ -156,6 +172,7 @@ def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int
         result["p"] = lab_exec(
             RUNNER, "baseline", "-c", "/shared/ci/lab.yml", "-i", SPEC, "--launcher", "slurm",
             "--runs-root", "/shared/runs/nodes-drill", "--step-sleep-ms", str(STEP_SLEEP_MS),
+            "--hold-at-step", str(HOLD_STEP), "--hold-file", f"/shared/{HOLD_FILE}",
             "--timeout", "900",
             timeout=1500,
         )  # fmt: skip
@@ -178,8 +195,9 @@ def test_add_a_node_while_a_job_trains_then_remove_it(reference_losses: dict[int
     text = _finish(add, add_log)
     timings["add_s"] = round(time.monotonic() - t0, 1)
     assert lab_exec("squeue", "--noheader", "--jobs", job, "--format=%T").stdout.strip() == "RUNNING", (
-        "the job ended before the add did: raise LCM_NODES_STEP_SLEEP_MS so the join lands mid-run"
+        f"job {job} is not running at the end of the add (held before step {HOLD_STEP} until now)"
     )
+    hold.unlink()  # the job goes on: steps HOLD_STEP..30
     assert "RUNNING HANDLER [slurm : Reconfigure slurm]" in text
     assert _undisturbed_state() == before  # same containers, no Slurm daemon restarted, same munge key
     assert _node_state(NEW) == "idle|none"

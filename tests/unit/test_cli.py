@@ -38,6 +38,14 @@ def test_python_dash_m_entry_point() -> None:
         (["fault", "-c", str(LAB_CFG), "--launcher", "slurm"], "needs --inventory"),
         (["all", "-c", str(LAB_CFG), "--launcher", "torchrun", "--only", "baseline,bogus"], "--only bogus"),
         (["resume", "-c", str(LAB_CFG), "--launcher", "torchrun", "--timeout", "0"], "--timeout > 0"),
+        (
+            ["baseline", "-c", str(LAB_CFG), "--launcher", "torchrun", "--hold-at-step", "4"],
+            "--hold-at-step (> 0) and --hold-file go together",
+        ),
+        (
+            ["baseline", "-c", str(LAB_CFG), "--launcher", "torchrun", "--hold-file", "/shared/h"],
+            "--hold-at-step (> 0) and --hold-file go together",
+        ),
     ],
 )
 def test_bad_input_exits_2_before_anything_starts(

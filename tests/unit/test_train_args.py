@@ -85,6 +85,12 @@ def test_valid_minimal_parses_with_megatron_names() -> None:
             "--ffn-hidden-size 130: expected a multiple of --expert-tensor-parallel-size (4)",
         ),
         (["--seed", "-1"], "--seed -1: expected in 0..9223372036854775807"),
+        (["--fault-hold-at-step", "3"], "--fault-hold-at-step (> 0) and --fault-hold-file go together"),
+        (["--fault-hold-file", "/tmp/h"], "--fault-hold-at-step (> 0) and --fault-hold-file go together"),
+        (
+            ["--fault-hold-at-step", "3", "--fault-hold-file", "/tmp/h", "--fault-hold-max-s", "0"],
+            "--fault-hold-max-s 0.0: expected > 0",
+        ),
     ],
 )
 def test_static_errors_are_specific(extra: list[str], message: str) -> None:

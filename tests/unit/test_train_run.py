@@ -273,3 +273,39 @@ def test_sigkill_under_stock_torchrun_right_after_an_async_save_leaves_no_helper
     begun = [(r.rank, r.step) for r in of_event(run.records(), "ckpt_begin")]
     assert (1, 2) in begun, run.log  # the killed rank had started a save
     assert _wait_for_no_leftovers(run.tag) == []
+
+
+def test_hold_at_step_pauses_every_rank_past_the_collective_timeout(reference: Run, tmp_path: Path) -> None:
+    """`--fault-hold-at-step 4 --fault-hold-file F`: both ranks finish step 3, wait while F exists (here
+    longer than the 6 s collective timeout: no collective is pending while held), go on once F is
+    removed, and train bitwise like the uninterrupted run."""
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    seen: dict[str, object] = {}
+
+    def release_after_a_while(procs: list[subprocess.Popen], run_dir: Path) -> None:
+        tel = [run_dir / "telemetry" / f"rank{k}.jsonl" for k in (0, 1)]
+
+        def last_step(k: int) -> int:
+            if not tel[k].exists():
+                return 0
+            return max((r.step for r in steps(load_run(run_dir), rank=k)), default=0)
+
+        deadline = time.time() + TIMEOUT_S
+        while time.time() < deadline and not (last_step(0) >= 3 and last_step(1) >= 3):
+            time.sleep(0.1)
+        time.sleep(8.0)  # > --distributed-timeout-minutes 0.1 (6 s)
+        seen["held_at"] = (last_step(0), last_step(1))
+        seen["alive"] = [p.poll() is None for p in procs]
+        hold.unlink()
+
+    run = run_direct(
+        tmp_path,
+        ["--train-iters", str(ITERS), "--distributed-timeout-minutes", "0.1",
+         "--fault-hold-at-step", "4", "--fault-hold-file", str(hold)],
+        on_start=release_after_a_while,
+    )  # fmt: skip
+    assert run.codes == [0, 0], run.log
+    assert seen == {"held_at": (3, 3), "alive": [True, True]}, seen
+    assert "holding before step 4" in run.log and "hold released after" in run.log
+    assert run.losses() == reference.losses()
