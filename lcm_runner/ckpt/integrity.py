@@ -22,6 +22,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,16 @@ def rank_shards(ckpt: Path, rank: int) -> list[Path]:
 
 
 def sum_files(files: Iterable[Path], root: Path, algorithm: str = DEFAULT_ALGORITHM) -> dict[str, dict]:
-    out: dict[str, dict] = {}
-    for f in files:
-        out[str(f.relative_to(root))] = {"size": f.stat().st_size, "digest": digest(f, algorithm)}
-    return out
+    """Sizes and digests; several files (one per writer thread) are hashed in parallel threads."""
+    paths = list(files)
+
+    def one(f: Path) -> tuple[str, dict]:
+        return str(f.relative_to(root)), {"size": f.stat().st_size, "digest": digest(f, algorithm)}
+
+    if len(paths) < 2:
+        return dict(map(one, paths))
+    with ThreadPoolExecutor(max_workers=min(len(paths), 8)) as pool:
+        return dict(pool.map(one, paths))
 
 
 def write_rank_sums(ckpt: Path, rank: int, algorithm: str = DEFAULT_ALGORITHM) -> dict[str, dict]:
@@ -117,17 +124,21 @@ def write_rank_sums(ckpt: Path, rank: int, algorithm: str = DEFAULT_ALGORITHM) -
     return sums
 
 
-def hashing_writer(
-    fn: Callable[..., Any] | None, ckpt: Path, rank: int, algorithm: str
-) -> Callable[..., Any]:
-    """Wrap a writer function (dist_checkpointing's async_fn) so the same process hashes what it wrote."""
+@dataclass(frozen=True)
+class HashingWriter:
+    """A writer function (dist_checkpointing's async_fn) wrapped so that the process that wrote the shards
+    hashes them right after: the trainer (sync), its forked writer (mcore async) or NVRx's persistent
+    checkpoint worker (nvrx async: the request is pickled to it, hence a class, not a closure)."""
 
-    def run(*args: Any, **kwargs: Any) -> None:
-        if fn is not None:
-            fn(*args, **kwargs)
-        write_rank_sums(ckpt, rank, algorithm)
+    fn: Callable[..., Any] | None
+    ckpt: Path
+    rank: int
+    algorithm: str
 
-    return run
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if self.fn is not None:
+            self.fn(*args, **kwargs)
+        write_rank_sums(self.ckpt, self.rank, self.algorithm)
 
 
 def metadata_files(ckpt: Path) -> list[Path]:

@@ -62,6 +62,8 @@ def train_argv(
         str(cfg.save_interval),
         "--keep-last",
         str(cfg.keep_last),
+        "--ckpt-writers",
+        str(cfg.checkpoint_writers),
         "--save",
         save_dir,
         "--load",

@@ -81,6 +81,8 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"launcher: {cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
     if cfg.agent not in AGENTS:
         p.append(f"agent: {cfg.agent!r} is not one of {', '.join(AGENTS)}")
+    if not 1 <= cfg.checkpoint_writers <= 64:
+        p.append(f"checkpoint_writers: {cfg.checkpoint_writers} must be in 1..64 (writer threads per rank)")
     if cfg.hb_timeout_s <= 0:
         p.append(f"hb_timeout_s: must be positive, got {cfg.hb_timeout_s}")
     for key in ("nodes", "procs_per_node", "save_interval", "keep_last"):  # train_iters: the trainer rules

@@ -68,6 +68,8 @@ class TrainArgs:
     load: str | None
     keep_last: int
     async_save: bool
+    ckpt_writers: int
+    ckpt_async_strategy: str
     no_load_optim: bool
     no_load_rng: bool
     ckpt_good_after_steps: int
@@ -187,6 +189,19 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     g.add_argument("--load", default=None, help="resume from this directory's latest (default: --save)")
     g.add_argument("--keep-last", type=int, default=3, help="keep the last N complete checkpoints (0: all)")
     g.add_argument("--async-save", action="store_true", help="write shards in a background process")
+    g.add_argument(
+        "--ckpt-writers",
+        type=int,
+        default=1,
+        help="writer threads per rank (one shard file each: __<rank>_<n>.distcp), each file fsynced",
+    )
+    g.add_argument(
+        "--ckpt-async-strategy",
+        choices=("mcore", "nvrx"),
+        default="mcore",
+        help="with --async-save: megatron-core's forked writer per save (mcore) or NVRx's persistent "
+        "checkpoint worker (nvrx, needs nvidia-resiliency-ext >= 0.6)",
+    )
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument(
@@ -344,6 +359,16 @@ def validate_static(args: TrainArgs) -> None:
         raise ArgError("--save-interval needs --save")
     if args.async_save and not args.save:
         raise ArgError("--async-save needs --save")
+    if not 1 <= args.ckpt_writers <= 64:
+        raise ArgError(f"--ckpt-writers {args.ckpt_writers}: expected 1..64")
+    if args.ckpt_async_strategy == "nvrx" and args.async_save:
+        from megatron.core.dist_checkpointing.strategies.nvrx import has_nvrx_async_support
+
+        if not has_nvrx_async_support():
+            raise ArgError(
+                "--ckpt-async-strategy nvrx: nvidia-resiliency-ext (>= 0.6, with its async checkpoint "
+                "API) is not installed here; use mcore"
+            )
     if args.fault_crash_in_save and not args.save:
         raise ArgError("--fault-crash-in-save needs --save")
     if args.data_path is not None:

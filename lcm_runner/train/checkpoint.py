@@ -80,7 +80,10 @@ class CheckpointManager(CheckpointLoader):
     fault: Fault = field(default_factory=Fault)
     good_after_steps: int = 5  # healthy steps after a checkpoint that make it known-good
     algorithm: str = integrity.DEFAULT_ALGORITHM
+    writers: int = 1  # writer threads per rank, one shard file each (torch_dist thread_count)
+    async_strategy: str = "mcore"  # mcore: a forked writer per save; nvrx: NVRx's persistent worker
     _queue: Any = None
+    _strategy: Any = None
     _pending: dict[int, tuple[float, bool]] = field(default_factory=dict)
     _in_flight: int | None = None
     _candidates: dict[int, int] = field(default_factory=dict)  # checkpoint step -> healthy steps since
@@ -92,7 +95,16 @@ class CheckpointManager(CheckpointLoader):
             from .procutil import install_checkpoint_results_queue
 
             install_checkpoint_results_queue()
-        if self.async_save:
+        if self.save_dir is not None:
+            from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+
+            # one strategy for the run: it caches nothing between saves unless asked to (cached_metadata)
+            self._strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=self.writers)
+        if self.async_save and self.async_strategy == "nvrx":
+            from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue as NvrxQueue
+
+            self._queue = NvrxQueue(persistent=True)
+        elif self.async_save:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=False)
@@ -138,9 +150,15 @@ class CheckpointManager(CheckpointLoader):
         use_async = self.async_save and not force_sync
         self._in_flight = step
         try:
-            req = dist_checkpointing.save(state, str(path), async_sharded_save=True, async_strategy="mcore")
+            req = dist_checkpointing.save(
+                state,
+                str(path),
+                sharded_strategy=self._strategy,
+                async_sharded_save=True,
+                async_strategy=self.async_strategy if use_async else "mcore",
+            )
             req = req._replace(
-                async_fn=integrity.hashing_writer(req.async_fn, path, self.rank, self.algorithm)
+                async_fn=integrity.HashingWriter(req.async_fn, path, self.rank, self.algorithm)
             )
             if use_async:
                 req.finalize_fns.append(lambda: self._complete(step, path, t0))
