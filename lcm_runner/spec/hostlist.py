@@ -78,3 +78,40 @@ def expand(expr: str) -> list[str]:
                 raise HostlistError(f"more than {MAX_NAMES} names")
         names += expanded
     return names
+
+
+_TRAILING = re.compile(r"^(.*?)(\d+)$")
+
+
+def compress(names: list[str] | tuple[str, ...]) -> str:
+    """The shortest-form hostlist of `names` (duplicates dropped): names that differ only in a trailing
+    number of the same width become one bracket, `gpu0001..gpu1000` -> `gpu[0001-1000]`. Names are
+    grouped by prefix and digit count and ordered by (prefix, width, number); expand(compress(x)) has
+    exactly the names of x. '' for no names."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    plain: set[str] = set()
+    for name in names:
+        if not name or any(c in name for c in "[],"):
+            raise HostlistError(f"{name!r} is not a host name (empty, or has '[', ']' or ',')")
+        m = _TRAILING.match(name)
+        if m:
+            groups.setdefault((m.group(1), len(m.group(2))), set()).add(int(m.group(2)))
+        else:
+            plain.add(name)
+    items: list[tuple[tuple[str, int, int], str]] = [((n, -1, 0), n) for n in plain]
+    for (prefix, width), numbers in groups.items():
+        ordered = sorted(numbers)
+        runs: list[tuple[int, int]] = []
+        for n in ordered:
+            if runs and n == runs[-1][1] + 1:
+                runs[-1] = (runs[-1][0], n)
+            else:
+                runs.append((n, n))
+        if len(ordered) == 1:
+            items.append(((prefix, width, ordered[0]), f"{prefix}{ordered[0]:0{width}d}"))
+            continue
+        body = ",".join(
+            f"{lo:0{width}d}" if lo == hi else f"{lo:0{width}d}-{hi:0{width}d}" for lo, hi in runs
+        )
+        items.append(((prefix, width, ordered[0]), f"{prefix}[{body}]"))
+    return ",".join(text for _, text in sorted(items))

@@ -19,6 +19,8 @@ from faultmatrix import Matrix, Row
 from test_node_faults import NETWORK, ROOT, _ctl, _net_identity, _run, _wait, reconnect_argv
 from test_node_faults import lab as lab
 
+from lcm_runner.spec.hostlist import expand
+
 pytestmark = pytest.mark.lab
 
 PLAYBOOK_TIMEOUT_S = 1200
@@ -65,6 +67,16 @@ def _recap(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def _node_names(conf: str) -> list[str]:
+    """The node names of slurm.conf's NodeName lines (hostlist ranges expanded)."""
+    return [
+        name
+        for line in conf.splitlines()
+        if line.startswith("NodeName=")
+        for name in expand(line.split()[0].removeprefix("NodeName="))
+    ]
+
+
 def _slurm_conf(host: str) -> str:
     return _run(["podman", "exec", host, "cat", "/etc/slurm/slurm.conf"]).stdout
 
@@ -103,7 +115,7 @@ def test_node_cut_off_mid_converge_others_converge_and_it_is_named(
     # the cluster-wide file stays right and the same for the nodes that converged
     confs = {h: _slurm_conf(h) for h in ["lab-ctl", *others]}
     assert len(set(confs.values())) == 1, "slurm.conf differs between the nodes that converged"
-    assert confs["lab-ctl"] == before and f"NodeName={victim} " in before
+    assert confs["lab-ctl"] == before and victim in _node_names(before)
     _wait(lambda: _ctl("sinfo", "-h").returncode == 0, 60, 1, "slurmctld")
     # the node back on the network: the next converge completes with no manual repair
     ssh_port = ["podman", "exec", "lab-ctl", "timeout", "2", "bash", "-c", f"exec 3<>/dev/tcp/{victim}/22"]

@@ -73,7 +73,7 @@ def test_lab_spec_renders_lab_overrides() -> None:
     assert "grestypes" not in conf
     assert "topologyplugin" not in conf
     assert conf["partitionname"] == [
-        "PartitionName=batch Nodes=gpu01,gpu02 Default=YES MaxTime=2:00:00 State=UP"
+        "PartitionName=batch Nodes=gpu[01-02] Default=YES MaxTime=2:00:00 State=UP"
     ]
 
 
@@ -82,10 +82,9 @@ def test_production_defaults_and_gpu_nodes() -> None:
     assert conf["proctracktype"] == ["ProctrackType=proctrack/cgroup"]
     assert conf["taskplugin"] == ["TaskPlugin=task/affinity,task/cgroup"]  # the schema's default
     assert conf["grestypes"] == ["GresTypes=gpu"]
-    assert conf["nodename"] == [
-        f"NodeName={h} CPUs=224 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 RealMemory={2_000_000 - 2048} "
-        "Gres=gpu:h200:8 State=UNKNOWN"
-        for h in ("gpu01", "gpu02")
+    assert conf["nodename"] == [  # alike nodes: one line, a hostlist range
+        "NodeName=gpu[01-02] CPUs=224 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 "
+        f"RealMemory={2_000_000 - 2048} Gres=gpu:h200:8 State=UNKNOWN"
     ]
 
 
@@ -141,7 +140,7 @@ def test_partition_groups_and_several_partitions() -> None:
     conf = _conf(render("slurm", "slurm.conf.j2", variables))
     assert (
         conf["partitionname"][1]
-        == "PartitionName=debug Nodes=gpu02,gpu01 Default=NO MaxTime=UNLIMITED State=UP"
+        == "PartitionName=debug Nodes=gpu[01-02] Default=NO MaxTime=UNLIMITED State=UP"  # each node once
     )
 
 
@@ -215,13 +214,19 @@ def test_daemons_bind_the_cluster_interface_unless_the_spec_says_otherwise() -> 
 
 
 def _nodes(text: str) -> dict[str, str]:
-    """NodeName -> the rest of its line."""
-    return {line.split()[0].split("=", 1)[1]: line for line in _conf(text).get("nodename", [])}
+    """Node name -> its line as if it had its own (NodeName=<range> lines expanded)."""
+    out = {}
+    for line in _conf(text).get("nodename", []):
+        expr, rest = line.split(None, 1)
+        for name in slurm_conf_filter.slurm_hostlist_expand(expr.split("=", 1)[1]):
+            out[name] = f"NodeName={name} {rest}"
+    return out
 
 
 def _partition_nodes(text: str) -> list[str]:
     line = _conf(text)["partitionname"][0]
-    return next(w for w in line.split() if w.startswith("Nodes=")).removeprefix("Nodes=").split(",")
+    expr = next(w for w in line.split() if w.startswith("Nodes=")).removeprefix("Nodes=")
+    return slurm_conf_filter.slurm_hostlist_expand(expr)
 
 
 def _slots(spec: dict, slots: str) -> dict:
@@ -293,3 +298,39 @@ def test_a_name_outside_the_slots_changes_the_node_table_and_needs_a_restart() -
 def test_hostlist_filter() -> None:
     assert slurm_conf_filter.slurm_hostlist_expand("") == []
     assert slurm_conf_filter.slurm_hostlist_expand("lab-node[1-3]") == ["lab-node1", "lab-node2", "lab-node3"]
+
+
+def test_a_thousand_alike_nodes_are_one_line_and_the_table_is_unchanged_by_ranges() -> None:
+    """1,000 x 8-GPU nodes: one NodeName line and one partition range; a node with other hardware gets its
+    own line; the node table (what decides restart vs reconfigure) is per node whatever the grouping."""
+    names = [f"gpu{i:04d}" for i in range(1, 1001)]
+    hosts = {"ctl": _facts("ctl")} | {n: _facts(n, 224, 2, 56, 2, 2_000_000) for n in names}
+    hosts["gpu0500"] = _facts("gpu0500", 224, 2, 56, 2, 1_500_000)  # less memory: a line of its own
+    variables = _vars(
+        _slots(_h200(), "gpu[0001-1024]"),
+        groups={"controller": ["ctl"], "compute": names, "login": []},
+        hostvars=hosts,
+    )
+    text = render("slurm", "slurm.conf.j2", variables)
+    lines = _conf(text)["nodename"]
+    mem = f"RealMemory={2_000_000 - 2048}"
+    assert [ln.split()[0] for ln in lines] == [
+        "NodeName=gpu[0001-0499,0501-1000]",
+        "NodeName=gpu0500",
+        "NodeName=gpu[1001-1024]",  # the free slots: FUTURE with the reference host's hardware
+    ]
+    assert mem in lines[0] and lines[0].endswith("State=UNKNOWN") and lines[2].endswith("State=FUTURE")
+    assert f"RealMemory={1_500_000 - 2048}" in lines[1]
+    assert _partition_nodes(text) == names
+    assert len(text.splitlines()) < 80
+    per_node = slurm_conf_filter.node_table(lines)
+    assert len(per_node) == 1024 and per_node[0].startswith("NodeName=gpu0001 CPUs=224")
+    # gpu1001 joins: a range changes, the node table does not -> a reconfigure, no restart
+    joined = render(
+        "slurm",
+        "slurm.conf.j2",
+        {**variables, "groups": {**variables["groups"], "compute": [*names, "gpu1001"]},
+         "hostvars": {**hosts, "gpu1001": _facts("gpu1001", 224, 2, 56, 2, 2_000_000)}},
+    )  # fmt: skip
+    assert "NodeName=gpu[0001-0499,0501-1001] " in joined
+    assert slurm_conf_filter.slurm_restart_keys_changed(text, joined, RESTART_KEYS) == []

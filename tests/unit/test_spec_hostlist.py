@@ -4,13 +4,14 @@ not the cluster's compute hosts are caught in validation, naming the field, the 
 from __future__ import annotations
 
 import copy
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lcm_runner.spec import load_cluster, validate
-from lcm_runner.spec.hostlist import HostlistError, expand
+from lcm_runner.spec.hostlist import HostlistError, compress, expand
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = load_cluster(ROOT / "inventories/example-h200")
@@ -119,3 +120,43 @@ def test_expanded_node_names_are_host_names() -> None:
 
 def test_validate_without_inventory_skips_the_inventory_rule() -> None:
     assert validate(_topology({"switch": "leaf01", "nodes": "other[1-4]"})) == []
+
+
+@pytest.mark.parametrize(
+    ("names", "expr"),
+    [
+        ([f"gpu{i:04d}" for i in range(1, 1001)], "gpu[0001-1000]"),
+        (["lab-node2", "lab-node1", "lab-node3", "lab-node1"], "lab-node[1-3]"),  # order, duplicates
+        (["a9", "a10", "a11"], "a9,a[10-11]"),  # widths differ: a[9-11] would be right too, but ...
+        (["b07", "b08", "b10", "b7"], "b7,b[07-08,10]"),  # ... b7 and b07 are different hosts
+        (["ctl", "login"], "ctl,login"),  # no trailing number
+        (["n1"], "n1"),
+        ([], ""),
+        (["rack1-n01", "rack1-n02", "rack2-n01"], "rack1-n[01-02],rack2-n01"),
+    ],
+)
+def test_compress_cases(names: list[str], expr: str) -> None:
+    assert compress(names) == expr
+    if names:
+        assert sorted(expand(expr)) == sorted(set(names))
+
+
+def test_compress_round_trips_random_name_sets() -> None:
+    rng = random.Random(20261203)
+    for _ in range(300):
+        names = set()
+        for _ in range(rng.randint(1, 60)):
+            prefix = rng.choice(["gpu", "a", "rack1-n", "x0y", ""]) or "h"
+            width = rng.choice([1, 2, 4])
+            names.add(f"{prefix}{rng.randint(0, 10**width - 1):0{width}d}")
+        if rng.random() < 0.2:
+            names.add(rng.choice(["ctl", "login-a", "db"]))
+        expr = compress(sorted(names, key=lambda _: rng.random()))
+        got = expand(expr)
+        assert len(got) == len(names) and set(got) == names, (sorted(names), expr)
+
+
+@pytest.mark.parametrize("bad", ["", "gpu[1]", "a,b"])
+def test_compress_refuses_what_is_not_a_host_name(bad: str) -> None:
+    with pytest.raises(HostlistError, match="is not a host name"):
+        compress([bad])
