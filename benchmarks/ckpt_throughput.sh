@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoint throughput of the project's trainer against the disk it writes to, in one call (issue 17):
 #   bash benchmarks/ckpt_throughput.sh OUTDIR            # a GPU machine (or DEVICE=cpu SHAPE=... anywhere)
+# Through the device tool: OUTDIR outside $OUT, then `tar -C OUTDIR/.. -czf $OUT/ckpt.tgz <OUTDIR's name>`
+# (the telemetry folders are deeper than the tool brings back). About 7-8 minutes on one H200.
 # 1. The disk beside the checkpoints: dd of $DD_GIB GiB with 16 MiB blocks, oflag=direct (write) and
 #    iflag=direct (read), and a buffered write + conv=fdatasync.
 # 2. The trainer (lcm_runner.train, one rank) at the engine benchmark's shape (4 layers, hidden 1024, 8
