@@ -69,6 +69,8 @@ def train_argv(
         "--load",
         load_dir if load_dir is not None else save_dir,
     ]
+    if cfg.async_save:
+        args.append("--async-save")
     if m.bf16:
         args.append("--bf16")
     if m.use_flash_attn:

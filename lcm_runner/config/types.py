@@ -147,6 +147,7 @@ class RunConfig:
     save_interval: int = 10
     keep_last: int = 2
     checkpoint_writers: int = 4  # writer threads per rank (the project's trainer; benchmarks/ckpt_throughput)
+    async_save: bool = False  # the project's trainer: --async-save (shards written by a background writer)
     time_limit: str = DEFAULT_TIME_LIMIT
     partition: str | None = None  # None: the spec's default partition
     container_image: str | None = None  # Pyxis image (only when the spec enables pyxis)

@@ -56,6 +56,11 @@ def test_train_args_use_megatron_names() -> None:
     assert args[args.index("--load") + 1] == "/ck"
     lab = config.load_run_config(ROOT / "configs" / "lab.yml")
     assert lab.to_train_args("/ck")[-2:] == ["--device", "cpu"] and "--bf16" not in lab.to_train_args("/ck")
+    # checkpoint writers (default 4) and the async save reach the trainer
+    assert value("--ckpt-writers") == "4" and "--async-save" not in args
+    fast = config.from_dict({**_lab(), "checkpoint_writers": 8, "async_save": True}, "run.yml")
+    fast_args = fast.to_train_args("/ck")
+    assert fast_args[fast_args.index("--ckpt-writers") + 1] == "8" and "--async-save" in fast_args
 
 
 @pytest.mark.parametrize(
@@ -122,6 +127,9 @@ def test_train_args_use_megatron_names() -> None:
         ({"targets": {"nccl_fraction_max": 30}}, "targets.nccl_fraction_max: 30.0 is a fraction"),
         ({"nodes": "two"}, "nodes: must be an integer, got 'two'"),
         ({"model": {"bf16": "yes"}}, "model.bf16: must be true or false"),
+        ({"checkpoint_writers": 0}, "checkpoint_writers: 0 must be in 1..64 (writer threads per rank)"),
+        ({"checkpoint_writers": 65}, "checkpoint_writers: 65 must be in 1..64"),
+        ({"async_save": "sometimes"}, "async_save: must be true or false"),
         ({"modle": {}}, "modle: unknown key"),
         ({"model": {"layers": 2}}, "model.layers: unknown key"),
     ],
