@@ -86,11 +86,28 @@ def parse_report(stdout: str) -> dict[str, Any]:
     return report if isinstance(report, dict) else {}
 
 
-def run_playbook(name: str, args: list[str], log_dir: Path) -> Converge:
+def strategy_env(strategy: str) -> dict[str, str]:
+    """ANSIBLE_STRATEGY (and the plugin path for mitogen's strategies, when mitogen is installed)."""
+    if strategy == "linear":
+        return {}
+    env = {"ANSIBLE_STRATEGY": strategy}
+    if strategy.startswith("mitogen"):
+        try:
+            import ansible_mitogen  # type: ignore[import-not-found]
+        except ImportError:
+            raise SystemExit(f"--strategies {strategy}: mitogen is not installed") from None
+        env["ANSIBLE_STRATEGY_PLUGINS"] = str(Path(ansible_mitogen.__file__).parent / "plugins" / "strategy")
+    return env
+
+
+def run_playbook(
+    name: str, args: list[str], log_dir: Path, extra_env: dict[str, str] | None = None
+) -> Converge:
     env = dict(
         os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"
     )
     env["ANSIBLE_CALLBACKS_ENABLED"] = "ansible.posix.timer"
+    env.update(extra_env or {})
     started = time.monotonic()
     proc = subprocess.run(
         ["ansible-playbook", *args], cwd=REPO, env=env, capture_output=True, text=True, check=False
@@ -141,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--output", type=Path, help="result file (default: benchmarks/results/converge-<UTC>.json)"
     )
+    parser.add_argument(
+        "--strategies",
+        default="linear",
+        help="comma-separated strategies for the no-op run, each timed in turn in this run "
+        "(e.g. linear,mitogen_linear; mitogen must be installed)",
+    )
     options = parser.parse_args(argv)
 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
@@ -152,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run_playbook("absent", ["playbooks/lab.yml", "-e", "state=absent"], log_dir))
         leftovers = lab_leftovers()
         runs.append(run_playbook("fresh", [options.playbook], log_dir))
-    runs.append(run_playbook("noop", [options.playbook], log_dir))
+    for strategy in options.strategies.split(","):
+        name = "noop" if strategy == "linear" else f"noop-{strategy}"
+        runs.append(run_playbook(name, [options.playbook], log_dir, strategy_env(strategy)))
 
     result = {
         "benchmark": "converge",
@@ -160,10 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         "git_revision": git_revision(),
         "playbook": options.playbook,
         "nodes": sorted(h for h in runs[-1].per_host if h != "localhost"),
+        "strategies": options.strategies.split(","),
         "runs": [asdict(r) for r in runs],
         "noop_changed": runs[-1].changed,
         "absent_leftovers": leftovers,
-        "ok": all(r.rc == 0 for r in runs) and runs[-1].changed == 0 and not leftovers,
+        "ok": all(r.rc == 0 for r in runs)
+        and all(r.changed == 0 for r in runs if r.name.startswith("noop"))
+        and not leftovers,
     }
     output = options.output or RESULTS / f"converge-{stamp}.json"
     output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -20,8 +20,16 @@ from lcm_runner.ckpt.catalog import CatalogError, complete_steps, read_latest, w
 from lcm_runner.contracts import EVENT_CKPT_REJECTED, EVENT_RESUME, LATEST_FILE, iter_dir_name
 
 from .ckpt_errors import CheckpointError, NoGoodCheckpoint
-from .ckpt_state import CheckpointState
+from .ckpt_state import LEGACY_OPTIMIZER_KEY, CheckpointState
 from .telemetry import TelemetryWriter
+
+
+def _has_legacy_torch_optimizer(path: Path) -> bool:
+    """A checkpoint whose torch optimizer state is one pickled object per rank (before 2026-12-03)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    return any(k.startswith(f"{LEGACY_OPTIMIZER_KEY}/") for k in keys)
 
 
 class CheckpointLoader(CheckpointState):
@@ -127,7 +135,8 @@ class CheckpointLoader(CheckpointState):
             return 0, {}
         step, path = chosen
         verify_s = time.time() - t0
-        template = self._sharded_state(built, step, is_loading=True, meta={})
+        legacy = built.optimizer_impl != "megatron" and _has_legacy_torch_optimizer(path)
+        template = self._sharded_state(built, step, is_loading=True, meta={}, legacy_optimizer=legacy)
         if not load_optim:
             template.pop("optimizer")
         if not load_rng:
@@ -135,7 +144,10 @@ class CheckpointLoader(CheckpointState):
         state = dist_checkpointing.load(template, str(path))
         built.gpt.load_state_dict(state["model"])
         if load_optim:
-            built.optimizer.load_state_dict(state["optimizer"])
+            optim = state["optimizer"]
+            if built.optimizer_impl != "megatron" and not legacy:
+                optim = self.torch_optimizer_state_dict(optim)
+            built.optimizer.load_state_dict(optim)
         elif built.optimizer_impl == "megatron":
             built.optimizer.reload_model_params()  # fp32 main params from the loaded bf16 model
         if load_rng:
