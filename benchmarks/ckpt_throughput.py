@@ -31,6 +31,42 @@ def disk(outdir: Path) -> dict[str, float]:
     return out
 
 
+def from_console(call: Path) -> dict | None:
+    """The figures of a call that did not reach its summary (cut short): the telemetry lines the script
+    printed to console.log (cut at 260 characters, so read field by field), as summarise() shapes them:
+    {"disk", "saves": {run: ...} (second save of each run), "loads": {run: ...}}."""
+    log = call / "console.log"
+    if not log.is_file() or not (call / "disk.txt").is_file():
+        return None
+
+    def num(key: str, line: str) -> float:
+        return float(re.search(rf'"{key}":([0-9.]+)', line)[1])  # type: ignore[index]
+
+    saves: dict[str, dict] = {}
+    loads: dict[str, dict] = {}
+    run = ""
+    for line in log.read_text().splitlines():
+        if line.startswith("=== "):
+            run = line.split()[1]
+        elif '"event":"ckpt_end"' in line and '"step":4,' in line:
+            b, t = num("bytes", line), num("total_s", line)
+            saves[run] = {
+                "bytes": b,
+                "total_s": t,
+                "blocking_s": num("blocking_s", line),
+                "asynchronous": '"asynchronous":true' in line,
+                "write_gbps": b / 1e9 / t,
+            }
+        elif '"event":"resume"' in line:
+            loads[run] = {"verify_s": num("verify_s", line), "load_s": num("load_s", line)}
+    for name, ld in loads.items():
+        src = saves.get("sync-" + name.split("-", 1)[1])
+        if src:
+            ld["bytes"] = src["bytes"]
+            ld["read_gbps"] = src["bytes"] / 1e9 / (ld["verify_s"] + ld["load_s"])
+    return {"disk": disk(call), "saves": saves, "loads": loads}
+
+
 def records(run: Path) -> list[dict]:
     recs: list[dict] = []
     for f in sorted((run / "telemetry").glob("rank*.jsonl")):
@@ -64,6 +100,7 @@ def load_run(run: Path, nbytes: int) -> dict | None:
     r = res[-1]
     read_s = r["verify_s"] + r["load_s"]
     return {
+        "bytes": nbytes,
         "verify_s": r["verify_s"],
         "load_s": r["load_s"],
         "read_s": round(read_s, 3),

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _generated import write_or_check  # noqa: E402
+from ckpt_throughput import from_console  # noqa: E402
+
 OUT = REPO / "docs" / "performance.md"
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs" / "results"
@@ -49,39 +53,14 @@ def _missing(name: str, target: str, why: str) -> Figure:
 
 
 def _ckpt_calls() -> tuple[dict, Path] | None:
-    """The newest H200 checkpoint call's figures: a summary.json when the call finished, else what its
-    console.log holds (the telemetry lines the script prints)."""
+    """The newest H200 checkpoint call's figures: its summary.json when the call finished, else what its
+    console.log holds (ckpt_throughput.from_console)."""
     calls = sorted(p for p in (DOCS / "h200-ckpt-throughput").glob("*") if p.is_dir())
     for call in reversed(calls):
         if (call / "summary.json").is_file():
             return json.loads((call / "summary.json").read_text()), call / "summary.json"
-        log = call / "console.log"
-        if not log.is_file():
-            continue
-        disk = {}
-        for line in (call / "disk.txt").read_text().splitlines():
-            if m := re.fullmatch(r"(\w+) ([0-9.]+) GB/s", line.strip()):
-                disk[m[1] + "_gbps"] = float(m[2])
-        saves, loads, run = {}, {}, ""
-        for line in log.read_text().splitlines():
-            if line.startswith("=== "):
-                run = line.split()[1]
-            elif '"event":"ckpt_end"' in line and '"step":4,' in line:
-                b = float(re.search(r'"bytes":(\d+)', line)[1])  # type: ignore[index]
-                t = float(re.search(r'"total_s":([0-9.]+)', line)[1])  # type: ignore[index]
-                blk = float(re.search(r'"blocking_s":([0-9.]+)', line)[1])  # type: ignore[index]
-                asy = '"asynchronous":true' in line
-                saves[run] = {"bytes": b, "total_s": t, "blocking_s": blk, "asynchronous": asy,
-                              "write_gbps": b / 1e9 / t}  # fmt: skip
-            elif '"event":"resume"' in line:
-                v = float(re.search(r'"verify_s":([0-9.]+)', line)[1])  # type: ignore[index]
-                ld = float(re.search(r'"load_s":([0-9.]+)', line)[1])  # type: ignore[index]
-                loads[run] = {"verify_s": v, "load_s": ld}
-        for name, ld in loads.items():
-            src = saves.get("sync-" + name.split("-", 1)[1])
-            if src:
-                ld["read_gbps"] = src["bytes"] / 1e9 / (ld["verify_s"] + ld["load_s"])
-        return {"disk": disk, "saves": saves, "loads": loads}, log
+        if (got := from_console(call)) is not None:
+            return got, call / "console.log"
     return None
 
 
@@ -266,14 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args(argv)
     text = render()
-    if a.check:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{_rel(OUT)} is out of date: run python benchmarks/performance.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {_rel(OUT)}")
-    return 0
+    return write_or_check(OUT, text, REPO, "python benchmarks/performance.py", a.check)
 
 
 if __name__ == "__main__":

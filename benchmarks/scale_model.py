@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _generated import write_or_check  # noqa: E402
+from ckpt_throughput import from_console  # noqa: E402
+
 OUT = REPO / "docs" / "scale.md"
 CKPT_CALLS = REPO / "docs" / "results" / "h200-ckpt-throughput"
 ENGINE = REPO / "docs" / "results" / "h200-engine" / "summary.json"
@@ -57,51 +61,20 @@ def _rel(p: Path) -> str:
     return str(p.relative_to(REPO))
 
 
-def _telemetry_lines(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        if line.startswith("{") and '"event"' in line:
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a line the benchmark cut for its console (cut -c1-260)
-                m = re.search(r'"event":"(\w+)".*?"step":(\d+)', line)
-                if m:
-                    rec = {"event": m[1], "step": int(m[2])}
-                    for key in ("blocking_s", "total_s", "bytes", "load_s", "verify_s"):
-                        if km := re.search(rf'"{key}":([0-9.]+)', line):
-                            rec[key] = float(km[1])
-                    if am := re.search(r'"asynchronous":(true|false)', line):
-                        rec["asynchronous"] = am[1] == "true"
-                    out.append(rec)
-    return out
-
-
-def _disk(path: Path) -> dict[str, float]:
-    d = {}
-    for line in path.read_text().splitlines():
-        if m := re.fullmatch(r"(\w+) ([0-9.]+) GB/s", line.strip()):
-            d[m[1]] = float(m[2])
-    return d
-
-
 def inputs() -> Inputs:
     best, best_src, verify, load, load_src, disk, disk_src = 0.0, "", 0.0, 0.0, "", {}, ""
     for call in sorted(p for p in CKPT_CALLS.iterdir() if p.is_dir()):
-        log = call / "console.log"
-        if not log.is_file():
+        got = from_console(call)
+        if got is None:
             continue
-        recs = _telemetry_lines(log.read_text())
-        saves = [r for r in recs if r["event"] == "ckpt_end" and r["step"] == 4 and not r.get("asynchronous")]
-        for r in saves:
-            gbps = r["bytes"] / 1e9 / r["total_s"]
-            if gbps > best:
-                best, best_src = gbps, _rel(log)
-        nbytes = saves[0]["bytes"] if saves else 0
-        for r in (r for r in recs if r["event"] == "resume"):
-            if nbytes and r["verify_s"] > 0 and r["load_s"] > 0:
-                verify, load, load_src = nbytes / 1e9 / r["verify_s"], nbytes / 1e9 / r["load_s"], _rel(log)
-        if (call / "disk.txt").is_file():
-            disk, disk_src = _disk(call / "disk.txt"), _rel(call / "disk.txt")
+        src = _rel(call / "console.log")
+        for r in (r for r in got["saves"].values() if not r["asynchronous"]):
+            if r["write_gbps"] > best:
+                best, best_src = r["write_gbps"], src
+        for r in got["loads"].values():
+            if r.get("bytes") and r["verify_s"] > 0 and r["load_s"] > 0:
+                verify, load, load_src = r["bytes"] / 1e9 / r["verify_s"], r["bytes"] / 1e9 / r["load_s"], src
+        disk, disk_src = got["disk"], _rel(call / "disk.txt")
     if not best or not verify or not disk:
         raise SystemExit(f"no checkpoint throughput results under {_rel(CKPT_CALLS)}")
     warm = json.loads(ENGINE.read_text())["g1"]["async_saves"][-1]
@@ -110,8 +83,8 @@ def inputs() -> Inputs:
     return Inputs(
         rank_write_gbps=best,
         rank_write_src=best_src,
-        node_direct_write_gbps=disk["direct_write"],
-        node_direct_read_gbps=disk["direct_read"],
+        node_direct_write_gbps=disk["direct_write_gbps"],
+        node_direct_read_gbps=disk["direct_read_gbps"],
         disk_src=disk_src,
         rank_verify_gbps=verify,
         rank_load_gbps=load,
@@ -254,14 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     i = inputs()
     text = render(i, model(i))
-    if a.check:
-        if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{_rel(OUT)} is out of date: run python benchmarks/scale_model.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {_rel(OUT)}")
-    return 0
+    return write_or_check(OUT, text, REPO, "python benchmarks/scale_model.py", a.check)
 
 
 if __name__ == "__main__":

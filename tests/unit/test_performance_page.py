@@ -3,16 +3,12 @@ current, every figure names its source file, and a missed target says what limit
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from _benchmarks import load
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("performance", REPO / "benchmarks/performance.py")
-assert _spec and _spec.loader
-performance = importlib.util.module_from_spec(_spec)
-sys.modules["performance"] = performance  # its dataclasses look their module up
-_spec.loader.exec_module(performance)
+performance = load("performance")
 
 
 def test_docs_performance_md_is_current() -> None:

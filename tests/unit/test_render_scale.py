@@ -4,21 +4,18 @@ timing is the benchmark's; here only what the files say)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from _benchmarks import load
 from _role_render import REPO
 
 from lcm_runner.spec import validate
 from lcm_runner.spec.hostlist import expand
 
-_spec = importlib.util.spec_from_file_location("render_scale", REPO / "benchmarks/render_scale.py")
-assert _spec and _spec.loader
-render_scale = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(render_scale)
+render_scale = load("render_scale")
 TOOLS = REPO / ".cache" / "tools" / "bin"
 
 

@@ -4,18 +4,13 @@ its figures follow its inputs (no number in it is typed in by hand)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from _benchmarks import load
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("scale_model", REPO / "benchmarks/scale_model.py")
-assert _spec and _spec.loader
-scale_model = importlib.util.module_from_spec(_spec)
-sys.modules["scale_model"] = scale_model  # its dataclasses look their module up
-_spec.loader.exec_module(scale_model)
+scale_model = load("scale_model")
 
 
 def test_docs_scale_md_is_current() -> None:
