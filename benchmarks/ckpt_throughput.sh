@@ -26,6 +26,7 @@ DD_GIB=${DD_GIB:-5}
 WRITERS=${WRITERS:-"1 2 4 8 16"}
 ASYNC_WRITERS=${ASYNC_WRITERS:-8}
 LOAD_WRITERS=${LOAD_WRITERS:-8}
+ASYNC=${ASYNC:-1}  # 0: the synchronous saves and loads only (a call split in two)
 ROOT=${CKPT_ROOT:-$REPO/.cache/ckpt-bench}
 WORK=${LCM_WORK:-/tmp/lcm-ckpt-bench}
 rm -rf "$WORK" "$ROOT"; mkdir -p "$WORK/site" "$ROOT"
@@ -103,6 +104,7 @@ for w in $WRITERS; do
   fi
   rm -rf "$ROOT/sync-w$w"
 done
+if [ "$ASYNC" = 1 ]; then
 train "async-mcore-w$ASYNC_WRITERS" 4 --save "$ROOT/async-mcore" --save-interval 2 --keep-last 1 \
   --ckpt-writers "$ASYNC_WRITERS" --async-save --ckpt-async-strategy mcore
 rm -rf "$ROOT/async-mcore"
@@ -110,6 +112,7 @@ if python3 -c "import nvidia_resiliency_ext" 2>/dev/null; then
   train "async-nvrx-w$ASYNC_WRITERS" 4 --save "$ROOT/async-nvrx" --save-interval 2 --keep-last 1 \
     --ckpt-writers "$ASYNC_WRITERS" --async-save --ckpt-async-strategy nvrx
   rm -rf "$ROOT/async-nvrx"
+fi
 fi
 rm -rf "$ROOT"
 python3 "$REPO/benchmarks/ckpt_throughput.py" "$OUTDIR"

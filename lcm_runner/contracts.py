@@ -92,6 +92,8 @@ EVENT_CKPT_REJECTED = "ckpt_rejected"  # step, path, file, reason (a checkpoint 
 EVENT_CKPT_GOOD = "ckpt_good"  # step: the checkpoint verified and training made healthy progress from it
 EVENT_CKPT_FAILED = "ckpt_failed"  # step, path, reason (a save that did not complete)
 EVENT_REWIND = "rewind"  # from_step, to_step, reason (latest moved back to a known-good checkpoint)
+EVENT_FAULT = "fault"  # step, kind (an injected fault the process survives: kind "raise")
+EVENT_INPROCESS_RESTART = "inprocess_restart"  # iteration, reason (the restart began in the same process)
 
 # a foreign trainer's console lines (lcm_runner/workloads): lines, events, malformed, malformed_lines
 EVENT_LOG_PARSE = "log_parse"

@@ -84,6 +84,9 @@ class TrainArgs:
     log_interval: int
     measure_comm: bool
     exit_signal_handler: bool
+    inprocess_restart: bool
+    inprocess_max_restarts: int
+    inprocess_hard_timeout_s: float
     # fault injection (tests and the fault stage)
     fault_sleep_ms: int
     fault_hold_at_step: int
@@ -91,6 +94,8 @@ class TrainArgs:
     fault_hold_max_s: float
     fault_kill_at_step: int
     fault_kill_rank: int
+    fault_raise_at_step: int
+    fault_raise_rank: int
     fault_kill_schedule: list[int]
     fault_crash_in_save: int
     fault_crash_rank: int
@@ -256,6 +261,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_false",
         help="do not turn SIGUSR1/SIGTERM into save-and-requeue",
     )
+    g.add_argument(
+        "--inprocess-restart",
+        action="store_true",
+        help="restart inside the same processes after an exception or a hang on any rank "
+        "(nvidia-resiliency-ext's in-process restart: keeps the CUDA context and the imports; a dead "
+        "process still needs the agent)",
+    )
+    g.add_argument(
+        "--inprocess-max-restarts", type=int, default=3, help="in-process restarts before giving up"
+    )
+    g.add_argument(
+        "--inprocess-hard-timeout-s",
+        type=float,
+        default=90.0,
+        help="a rank that made no progress for this long is treated as hung (in-process restart)",
+    )
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault-sleep-ms", type=int, default=0, help="sleep this long before each step")
     g.add_argument(
@@ -276,6 +297,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--fault-kill-at-step", type=int, default=0, help="SIGKILL a rank at this step (attempt 0)"
     )
     g.add_argument("--fault-kill-rank", type=int, default=0)
+    g.add_argument(
+        "--fault-raise-at-step",
+        type=int,
+        default=0,
+        help="raise an exception in a rank at this step (attempt 0): a fault the process survives",
+    )
+    g.add_argument("--fault-raise-rank", type=int, default=0)
     g.add_argument(
         "--fault-kill-schedule",
         type=_step_list,
@@ -369,6 +397,19 @@ def validate_static(args: TrainArgs) -> None:
                 "--ckpt-async-strategy nvrx: nvidia-resiliency-ext (>= 0.6, with its async checkpoint "
                 "API) is not installed here; use mcore"
             )
+    if args.inprocess_max_restarts < 0 or args.inprocess_hard_timeout_s < 10:
+        raise ArgError(
+            f"--inprocess-max-restarts {args.inprocess_max_restarts} (>= 0) / --inprocess-hard-timeout-s "
+            f"{args.inprocess_hard_timeout_s} (>= 10)"
+        )
+    if args.inprocess_restart:
+        try:
+            import nvidia_resiliency_ext.inprocess  # noqa: F401
+        except ImportError as e:
+            raise ArgError(
+                f"--inprocess-restart needs nvidia-resiliency-ext's inprocess module ({e}); "
+                "install nvidia-resiliency-ext or drop the flag"
+            ) from e
     if args.fault_crash_in_save and not args.save:
         raise ArgError("--fault-crash-in-save needs --save")
     if args.data_path is not None:

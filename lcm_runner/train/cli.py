@@ -28,6 +28,10 @@ def _run_namespace(ns: argparse.Namespace) -> int:
     except ArgError as e:
         print(f"lcm-runner train: error: {e}", file=sys.stderr)
         return int(ExitCode.BAD_ARGS)
+    if args.inprocess_restart:
+        from .inprocess import run_inprocess
+
+        return run_inprocess(args)
     from .engine import run
 
     return run(args)

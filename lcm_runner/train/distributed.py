@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,14 +40,32 @@ def _default_single_process_env() -> None:
     )
 
 
-def init_distributed(device: str, timeout_minutes: float) -> None:
+@dataclass(frozen=True)
+class GroupStore:
+    """A process group's store and place given by the caller (in-process restart: a fresh prefix of
+    NVRx's store per iteration, and the rank NVRx assigned)."""
+
+    store: Any
+    rank: int
+    world_size: int
+
+
+def init_distributed(device: str, timeout_minutes: float, given: GroupStore | None = None) -> None:
     _default_single_process_env()
     timeout = datetime.timedelta(minutes=timeout_minutes)
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")  # abort on timeout, do not hang
+        where: dict[str, Any] = {}
+        if given is not None:
+            where = {"store": given.store, "rank": given.rank, "world_size": given.world_size}
         dist.init_process_group(
-            "nccl", timeout=timeout, device_id=torch.device("cuda", torch.cuda.current_device())
+            "nccl", timeout=timeout, device_id=torch.device("cuda", torch.cuda.current_device()), **where
+        )
+        return
+    if given is not None:
+        dist.init_process_group(
+            "gloo", store=given.store, rank=given.rank, world_size=given.world_size, timeout=timeout
         )
         return
     # torchrun shares its rendezvous TCPStore with the workers unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1;

@@ -11,12 +11,12 @@ import signal
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from lcm_runner.contracts import EVENT_EXIT, EVENT_SIGNAL, ExitCode
+from lcm_runner.contracts import EVENT_EXIT, EVENT_INPROCESS_RESTART, EVENT_SIGNAL, ExitCode
 
 from . import cpu_compat
 from .args import ArgError, TrainArgs, resolve_telemetry_dir, validate_world
@@ -24,11 +24,18 @@ from .distributed import init_distributed, resolve_device
 from .telemetry import TelemetryWriter, attempt_from_env, job_from_env
 from .trainer import StepResult, Trainer
 
+if TYPE_CHECKING:
+    from .inprocess import InprocessCall
+
 __all__ = ["StepResult", "Trainer", "init_distributed", "resolve_device", "run"]
 
 
-def run(args: TrainArgs) -> int:
-    """Train; returns an ExitCode. Must be called from a `__main__`-guarded entry point."""
+def run(args: TrainArgs, inprocess: InprocessCall | None = None) -> int:
+    """Train; returns an ExitCode. Must be called from a `__main__`-guarded entry point.
+
+    `inprocess` (lcm_runner.train.inprocess): one iteration of NVRx's in-process restart: the process
+    group on the store and rank it gives, the attempt counted on by its iteration, and an unexpected
+    exception raised to it (it restarts every rank) instead of turned into exit code 1."""
     from .signals import ExitSignalHandler
 
     warnings.filterwarnings("ignore", module=r"megatron\..*")
@@ -43,7 +50,7 @@ def run(args: TrainArgs) -> int:
     handler = ExitSignalHandler() if args.exit_signal_handler else None
     if handler is not None:
         handler.install()  # before the process group: a signal during setup is not lost
-    init_distributed(device, args.distributed_timeout_minutes)
+    init_distributed(device, args.distributed_timeout_minutes, inprocess.group if inprocess else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     from . import model as model_mod
 
@@ -61,7 +68,7 @@ def run(args: TrainArgs) -> int:
 
     from .checkpoint import CheckpointSaveFailed, NoGoodCheckpoint, read_latest
 
-    attempt = attempt_from_env()
+    attempt = attempt_from_env() + (inprocess.iteration if inprocess else 0)
     tel = TelemetryWriter(resolve_telemetry_dir(args), rank, attempt, job_from_env())
     if handler is not None:
         orig = handler._handle
@@ -78,6 +85,8 @@ def run(args: TrainArgs) -> int:
             pipeline_model_parallel_size=args.pp,
             expert_model_parallel_size=args.ep,
             expert_tensor_parallel_size=args.expert_tensor_parallel_size,
+            # the subgroups time out as the default group does (megatron-core's own default is 30 min)
+            distributed_timeout_minutes=args.distributed_timeout_minutes,
         )
         torch.manual_seed(args.seed)  # use_cpu_initialization draws weights from the CPU generator
         # The default RNG tracker needs CUDA; the "inference" tracker is valid because dropout is 0.
@@ -97,6 +106,11 @@ def run(args: TrainArgs) -> int:
         tel.close()
         return int(code)
     except Exception as e:
+        if inprocess is not None:
+            reason = f"{type(e).__name__}: {e}"[:500]
+            tel.emit(EVENT_INPROCESS_RESTART, iteration=inprocess.iteration + 1, reason=reason, durable=True)
+            tel.close()
+            raise
         traceback.print_exc()
         tel.emit(
             EVENT_EXIT, code=int(ExitCode.FAILURE), reason=f"{type(e).__name__}: {e}"[:500], durable=True

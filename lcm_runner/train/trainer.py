@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from lcm_runner.contracts import (
     EVENT_EXIT,
+    EVENT_FAULT,
     EVENT_NONFINITE,
     EVENT_REWIND,
     EVENT_START,
@@ -29,6 +30,10 @@ from lcm_runner.contracts import (
 from .args import TrainArgs
 from .procutil import root_mount
 from .telemetry import TelemetryWriter
+
+
+class InjectedFault(RuntimeError):
+    """--fault-raise-at-step: an exception in one rank, the kind of fault a process survives."""
 
 
 @dataclass
@@ -307,6 +312,11 @@ class Trainer:
                     flush=True,
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
+            if a.fault_raise_at_step == step and attempt == 0 and self.rank == a.fault_raise_rank:
+                t = time.time()
+                print(f"[rank{self.rank}] fault injection: exception at step {step} t={t:.3f}", flush=True)
+                self.tel.emit(EVENT_FAULT, step=step, kind="raise", durable=True)
+                raise InjectedFault(f"fault injection: exception at step {step} on rank {self.rank}")
             if a.fault_sleep_ms:
                 time.sleep(a.fault_sleep_ms / 1000.0)
             if step == a.fault_hold_at_step and a.fault_hold_file:
