@@ -166,6 +166,10 @@ def layer_needs(cluster: Mapping[str, Any], settings: Mapping[str, Any]) -> list
         need("slurm", "packages", role_value("munge", "_munge_packages"))
         # roles/slurm/vars/main.yml _slurm_packages: the common ones, slurmctld (controller), slurmd (compute)
         need("slurm", "packages", [*role_value("slurm", "_slurm_packages_common"), "slurmctld", "slurmd"])
+        if cluster["slurm"]["accounting"]["enabled"]:
+            # roles/slurmdbd/vars/main.yml: slurmdbd + its MySQL plugin, MariaDB (server, client, PyMySQL)
+            need("slurm", "packages", role_value("slurmdbd", "_slurmdbd_slurm_packages"))
+            need("slurm", "packages", role_value("slurmdbd", "_slurmdbd_mariadb_packages"))
     if layers["storage"] and storage["type"] == "nfs":
         # roles/shared_storage/vars/main.yml _shared_storage_packages (server and clients)
         need("storage", "packages", ["nfs-kernel-server", "nfs-common"])
@@ -294,6 +298,15 @@ def _pairs(cluster: Mapping[str, Any], lock: Mapping[str, Any], s: Mapping[str, 
             "; pyxis is built against these headers" if layers["pyxis"] else ""
         )
         e += _same(lock, why, [("packages", n) for n in slurm])
+        if cluster["slurm"]["accounting"]["enabled"]:
+            dbd = [slurm[0], *role_value("slurmdbd", "_slurmdbd_slurm_packages")]
+            e += _same(lock, "slurmdbd is the Slurm release of the nodes", [("packages", n) for n in dbd])
+            mariadb = [
+                n for n in role_value("slurmdbd", "_slurmdbd_mariadb_packages") if n.startswith("mariadb-")
+            ]
+            e += _same(
+                lock, "the MariaDB server and its client are one release", [("packages", n) for n in mariadb]
+            )
         e += _same(
             lock, "munge and its library", [("packages", n) for n in role_value("munge", "_munge_packages")]
         )

@@ -97,6 +97,7 @@ def spec_rules(c: Mapping[str, Any]) -> list[SpecError]:
     if len(default) != 1:
         e.append(SpecError("cluster.slurm.partitions[].default", default, "exactly one default partition"))
     e += _node_slots(c["slurm"].get("node_slots", ""))
+    e += _accounting(c["slurm"]["accounting"])
 
     if layers["nvidia"] and count == 0:
         e.append(SpecError("cluster.layers.nvidia", True, "false when cluster.gpu.count_per_node is 0"))
@@ -122,6 +123,34 @@ def _node_slots(slots: str) -> list[SpecError]:
     if bad:
         return [SpecError("cluster.slurm.node_slots", slots, f"names that are {bad[0][1]} ({bad[0][0]!r})")]
     return []
+
+
+def _accounting(acct: Mapping[str, Any]) -> list[SpecError]:
+    """Account names unique and not root; each parent is root or an account listed before it (which also
+    rules out cycles and gives sacctmgr its order: a parent exists before its children)."""
+    e: list[SpecError] = []
+    seen: list[str] = []
+    for i, account in enumerate(acct["accounts"]):
+        path = f"cluster.slurm.accounting.accounts[{i}]"
+        name, parent = account["name"], account["parent"]
+        if name == "root":
+            e.append(
+                SpecError(f"{path}.name", name, "an account name other than root (Slurm's own top account)")
+            )
+            continue
+        if name in seen:
+            e.append(SpecError(f"{path}.name", name, f"a unique account name ({name!r} is listed before)"))
+        if parent == name:
+            e.append(SpecError(f"{path}.parent", parent, "another account than the account itself (or root)"))
+        elif parent != "root" and parent not in seen:
+            known = ", ".join(["root", *dict.fromkeys(seen)])
+            e.append(
+                SpecError(
+                    f"{path}.parent", parent, f"root or an account listed before this one (known: {known})"
+                )
+            )
+        seen.append(name)
+    return e
 
 
 def _monitoring(mon: Mapping[str, Any]) -> list[SpecError]:
@@ -246,6 +275,37 @@ def host_name_rules(groups: Mapping[str, list[str]]) -> list[SpecError]:
     return e
 
 
+def _accounting_host(
+    c: Mapping[str, Any], groups: Mapping[str, list[str]], compute: set[str]
+) -> list[SpecError]:
+    """With accounting on (and Slurm): its host group exists and holds exactly 1 host, not a compute host."""
+    acct = _get(c, "slurm.accounting") or {}
+    if not (_get(c, "layers.slurm") and acct.get("enabled", True)):
+        return []
+    group = acct.get("host_group", "controller")
+    path = "cluster.slurm.accounting.host_group"
+    if not isinstance(group, str):
+        return []
+    hosts = list(groups.get(group, []))
+    if group not in groups:
+        known = ", ".join(sorted(k for k in groups if k not in ("all", "ungrouped")))
+        return [SpecError(path, group, f"an inventory group with exactly 1 host (known: {known})")]
+    if len(hosts) != 1:
+        found = ", ".join(hosts) if hosts else "none"
+        return [
+            SpecError(path, group, f"a group with exactly 1 host: one slurmdbd (found {len(hosts)}: {found})")
+        ]
+    if hosts[0] in compute:
+        return [
+            SpecError(
+                path,
+                group,
+                f"a group whose host is not a compute host ({hosts[0]} is in compute; e.g. controller)",
+            )
+        ]
+    return []
+
+
 def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> list[SpecError]:
     """Checks of the inventory's groups (Ansible's `groups` variable) against the spec."""
     e: list[SpecError] = host_name_rules(groups)
@@ -276,6 +336,7 @@ def inventory_rules(c: Mapping[str, Any], groups: Mapping[str, list[str]]) -> li
                 SpecError("cluster.storage.nfs.server_group", sg, "an inventory group with at least 1 host")
             )
     compute = set(groups.get("compute", []))
+    e += _accounting_host(c, groups, compute)
     fabric = _get(c, "fabric") or {}
     if isinstance(fabric.get("topology"), list):
         unknown = [n for n in dict.fromkeys(topology_nodes(fabric["topology"])) if n not in compute]

@@ -113,7 +113,9 @@ def _spec_fields(role_default: Any) -> list[str]:
 def _minimal() -> dict[str, Any]:
     """The lab spec with every optional field left out (so only the schema's defaults can fill them)."""
     spec = copy.deepcopy(LAB)
-    for section, keys in (("slurm", ["proctrack_type", "task_plugin", "bind_any_address", "node_slots"]),):
+    for section, keys in (
+        ("slurm", ["proctrack_type", "task_plugin", "bind_any_address", "node_slots", "accounting"]),
+    ):
         for key in keys:
             spec[section].pop(key, None)
     for part in spec["slurm"]["partitions"]:
