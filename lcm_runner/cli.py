@@ -11,6 +11,7 @@
     lcm-runner metrics train|slurm --out FILE   textfile-collector metrics (lcm_runner.metrics)
     lcm-runner health check --expect FILE [--json OUT] [--markdown OUT] [--drain]   (lcm_runner.health)
     lcm-runner probe --expect FILE [--only gemm,copy,allreduce] [--peers DIR]   burn-in (lcm_runner.probes)
+    lcm-runner accounting --run-dir DIR   the run's Slurm jobs vs sacct (lcm_runner.stages.accounting)
 
 Every stage prints its run directory at its start and end, its progress (stage, job, step, what it is
 waiting for) while it runs, and a one-line verdict; the exit status is 0 unless a stage FAILed
@@ -45,6 +46,7 @@ EXTERNAL = {
     "metrics": "lcm_runner.metrics.cli",
     "health": "lcm_runner.health.cli",
     "probe": "lcm_runner.probes.cli",
+    "accounting": "lcm_runner.stages.accounting",
 }
 
 

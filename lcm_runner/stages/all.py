@@ -1,12 +1,14 @@
 """all: baseline, resume, fault, nccl-profile, then the report: the whole sequence in one run directory,
 each stage ending with its one-line verdict, and a closing table of all of them (the CLI renders
-train_2node.sbatch and nccl_env.sh into the run directory first when given the cluster spec)."""
+train_2node.sbatch and nccl_env.sh into the run directory first when given the cluster spec). With the
+Slurm launcher, the jobs' accounting cross-check (stages/accounting.py: sacct against the jobs' logs;
+SKIP where accounting is not configured) runs after the stages, so the report lists it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from lcm_runner.stages import baseline, fault, nccl_profile, resume
+from lcm_runner.stages import accounting, baseline, fault, nccl_profile, resume
 from lcm_runner.stages.common import FAIL, StageContext, StageResult
 
 SEQUENCE: list[tuple[str, Callable[[StageContext], StageResult]]] = [
@@ -33,6 +35,8 @@ def run(ctx: StageContext, only: list[str] | None = None) -> tuple[list[StageRes
         if only and name not in only:
             continue
         results.append(fn(ctx))
+    if ctx.launcher.name == "slurm":
+        results.append(accounting.run(ctx))
     ctx.progress.stage = "all"
     report = run_report(ctx)
     ctx.progress.info(f"report: {report}")

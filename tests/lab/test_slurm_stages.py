@@ -57,8 +57,36 @@ def test_nccl_profile_is_skipped_on_cpu(lab_run: Path) -> None:
     assert _stage(lab_run, "nccl_profile")["verdict"] == "SKIP"
 
 
-# The verdict each stage must reach on the lab (CPU nodes: no NCCL, so its profile is skipped).
-EXPECTED = {"baseline": "PASS", "resume": "PASS", "fault": "PASS", "nccl_profile": "SKIP"}
+def test_accounting_agrees_with_the_runner_on_every_job(lab_run: Path) -> None:
+    """The run's accounting step (lcm_runner/stages/accounting.py): sacct has every job of the run, with
+    the runs, requeues, nodes and exit codes of the jobs' own batch logs; the node-loss case's job was
+    requeued by slurmctld (the agent marked the lost node DOWN), so at least one job has a restart."""
+    acct = _stage(lab_run, "accounting")
+    assert acct["verdict"] == "PASS", acct["summary"]
+    jobs = acct["metrics"]["jobs"]
+    logs = {
+        p.name.removeprefix("slurm-").removesuffix(".out") for p in (lab_run / "logs").glob("slurm-*.out")
+    }
+    assert set(jobs) == logs and len(jobs) >= 5, (sorted(jobs), sorted(logs))
+    assert all(j["agrees"] for j in jobs.values())
+    node_loss = [str(j) for j in _stage(lab_run, "fault")["metrics"]["node_loss"]["job_ids"]]
+    requeued = [j for j in node_loss if jobs[j]["sacct_restarts"] >= 1]
+    assert requeued, {j: jobs[j] for j in node_loss}
+    for j in requeued:
+        assert jobs[j]["runner_restarts"] == jobs[j]["sacct_restarts"], jobs[j]
+        assert jobs[j]["sacct_states"][-1] == "COMPLETED", jobs[j]
+    assert (lab_run / "accounting" / "sacct.txt").is_file()
+
+
+# The verdict each stage must reach on the lab (CPU nodes: no NCCL, so its profile is skipped; the lab has
+# Slurm accounting, so the accounting cross-check runs).
+EXPECTED = {
+    "baseline": "PASS",
+    "resume": "PASS",
+    "fault": "PASS",
+    "nccl_profile": "SKIP",
+    "accounting": "PASS",
+}
 
 
 def test_every_stage_and_the_slo_report_pass_and_the_exit_status_is_0(lab_run_result: LabRun) -> None:
