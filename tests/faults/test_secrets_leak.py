@@ -1,9 +1,12 @@
-"""The munge key never leaks: not into the repository or the controller's caches,
-not into Ansible's output (a converge of the munge + Slurm layer at -vvv), not into any node's logs.
+"""The munge key and the accounting database password never leak: not into the repository or the
+controller's caches, not into Ansible's output (a converge of the munge + slurmdbd + Slurm layer at
+-vvv), not into any node's logs.
 
 Every form an accident would produce is looked for: the raw bytes (a 32-byte run of them), base64 (the
 whole key and a 64-character aligned prefix), hex (the first 32 bytes). The key's file itself is
-0400 munge:munge (tests/infra/test_munge.py).
+0400 munge:munge (tests/infra/test_munge.py). The database password (roles/slurmdbd, generated on the
+accounting host, base64 text) is looked for whole and as a 24-character prefix; its files are root 0600
+and slurm 0600 (tests/infra/test_slurmdbd.py).
 
 Runs with the lab up (LCM_LAB=1 forces): pytest -m lab tests/faults/test_secrets_leak.py (part of
 scripts/faults, not of molecule verify).
@@ -48,7 +51,12 @@ def needles() -> dict[str, bytes]:
     assert p.returncode == 0 and len(p.stdout) >= 32, p.stderr
     key = p.stdout
     b64 = base64.b64encode(key)
+    pw = _exec("lab-ctl", "cat", "/etc/slurm/lcm-slurmdbd-db.password")
+    assert pw.returncode == 0 and len(pw.stdout.strip()) >= 16, pw.stderr
+    password = pw.stdout.strip()
     return {
+        "db password": password,
+        "db password prefix": password[:24],
         "raw bytes": key[:32],
         "base64": b64,
         "base64 prefix": base64.b64encode(key[:48]),
@@ -101,6 +109,7 @@ def test_not_in_ansible_output_of_a_converge(needles: dict[str, bytes], tmp_path
     (tmp_path / "converge.log").write_bytes(out)
     assert p.returncode == 0, out[-3000:].decode(errors="replace")
     assert b"munge" in out and len(out) > 10_000, "the converge printed nothing of the munge layer"
+    assert b"slurmdbd" in out, "the converge printed nothing of the accounting role"
     assert not _found(out, needles), _found(out, needles)
 
 
