@@ -146,7 +146,7 @@ class RunConfig:
     train_iters: int = 30
     save_interval: int = 10
     keep_last: int = 2
-    checkpoint_writers: int = 4  # writer threads per rank (the project's trainer; benchmarks/ckpt_throughput)
+    checkpoint_writers: int = 8  # writer threads per rank: best on H200 (docs/results/h200-ckpt-throughput)
     async_save: bool = False  # the project's trainer: --async-save (shards written by a background writer)
     time_limit: str = DEFAULT_TIME_LIMIT
     partition: str | None = None  # None: the spec's default partition

@@ -87,6 +87,7 @@ class TrainArgs:
     inprocess_restart: bool
     inprocess_max_restarts: int
     inprocess_hard_timeout_s: float
+    inprocess_interval_s: float
     # fault injection (tests and the fault stage)
     fault_sleep_ms: int
     fault_hold_at_step: int
@@ -277,6 +278,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=90.0,
         help="a rank that made no progress for this long is treated as hung (in-process restart)",
     )
+    g.add_argument(
+        "--inprocess-interval-s",
+        type=float,
+        default=1.0,
+        help="NVRx's monitor, heartbeat and progress intervals and its last-call wait (in-process restart)",
+    )
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault-sleep-ms", type=int, default=0, help="sleep this long before each step")
     g.add_argument(
@@ -397,6 +404,8 @@ def validate_static(args: TrainArgs) -> None:
                 "--ckpt-async-strategy nvrx: nvidia-resiliency-ext (>= 0.6, with its async checkpoint "
                 "API) is not installed here; use mcore"
             )
+    if not 0.05 <= args.inprocess_interval_s <= 5:
+        raise ArgError(f"--inprocess-interval-s {args.inprocess_interval_s}: expected 0.05..5")
     if args.inprocess_max_restarts < 0 or args.inprocess_hard_timeout_s < 10:
         raise ArgError(
             f"--inprocess-max-restarts {args.inprocess_max_restarts} (>= 0) / --inprocess-hard-timeout-s "

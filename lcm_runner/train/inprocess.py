@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,19 +53,20 @@ def wrapper_kwargs(args: TrainArgs, master_port: int) -> dict[str, Any]:
     """NVRx Wrapper's settings: timeouts from the flags, ordered as NVRx requires
     (soft < hard < barrier, heartbeat interval < heartbeat timeout < barrier)."""
     hard = args.inprocess_hard_timeout_s
+    tick = args.inprocess_interval_s
     sec = datetime.timedelta
     return {
         "store_kwargs": {"port": master_port + 2, "timeout": sec(seconds=max(300.0, 2 * hard))},
         "soft_timeout": sec(seconds=hard * 2 / 3),
         "hard_timeout": sec(seconds=hard),
-        "heartbeat_interval": sec(seconds=1),
+        "heartbeat_interval": sec(seconds=tick),
         "heartbeat_timeout": sec(seconds=min(30.0, hard / 3)),
         "barrier_timeout": sec(seconds=max(120.0, 2 * hard)),
         "completion_timeout": sec(seconds=max(120.0, 2 * hard)),
-        "monitor_thread_interval": sec(seconds=1),
-        "monitor_process_interval": sec(seconds=1),
-        "progress_watchdog_interval": sec(seconds=1),
-        "last_call_wait": sec(seconds=1),
+        "monitor_thread_interval": sec(seconds=tick),
+        "monitor_process_interval": sec(seconds=tick),
+        "progress_watchdog_interval": sec(seconds=tick),
+        "last_call_wait": sec(seconds=tick),
         "termination_grace_time": sec(seconds=5),
     }
 
@@ -95,6 +97,8 @@ def run_inprocess(args: TrainArgs) -> int:
                 flush=True,
             )
             return 1
+        if state.iteration:
+            print(f"lcm-train: in-process restart {state.iteration} begins t={time.time():.3f}", flush=True)
         store = dist.PrefixStore(f"lcm_inprocess_{state.iteration}", call_wrapper.base_store)
         group = GroupStore(store=store, rank=state.rank, world_size=state.world_size)
         return engine.run(args, InprocessCall(iteration=state.iteration, group=group))

@@ -56,11 +56,11 @@ def test_train_args_use_megatron_names() -> None:
     assert args[args.index("--load") + 1] == "/ck"
     lab = config.load_run_config(ROOT / "configs" / "lab.yml")
     assert lab.to_train_args("/ck")[-2:] == ["--device", "cpu"] and "--bf16" not in lab.to_train_args("/ck")
-    # checkpoint writers (default 4) and the async save reach the trainer
-    assert value("--ckpt-writers") == "4" and "--async-save" not in args
-    fast = config.from_dict({**_lab(), "checkpoint_writers": 8, "async_save": True}, "run.yml")
+    # checkpoint writers (default 8) and the async save reach the trainer
+    assert value("--ckpt-writers") == "8" and "--async-save" not in args
+    fast = config.from_dict({**_lab(), "checkpoint_writers": 16, "async_save": True}, "run.yml")
     fast_args = fast.to_train_args("/ck")
-    assert fast_args[fast_args.index("--ckpt-writers") + 1] == "8" and "--async-save" in fast_args
+    assert fast_args[fast_args.index("--ckpt-writers") + 1] == "16" and "--async-save" in fast_args
 
 
 @pytest.mark.parametrize(

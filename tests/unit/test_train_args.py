@@ -91,7 +91,7 @@ def test_valid_minimal_parses_with_megatron_names() -> None:
             ["--fault-hold-at-step", "3", "--fault-hold-file", "/tmp/h", "--fault-hold-max-s", "0"],
             "--fault-hold-max-s 0.0: expected > 0",
         ),
-        # the venv has no NVRx (0.4.1, the newest for Debian 12, lives outside it: requirements/nvrx-test.lock)
+        # no NVRx in the venv (0.4.1, the newest for Debian 12, is outside it: requirements/nvrx-test.lock)
         (["--inprocess-restart"], "--inprocess-restart needs nvidia-resiliency-ext's inprocess module"),
         (["--inprocess-hard-timeout-s", "5"], "--inprocess-hard-timeout-s 5.0 (>= 10)"),
         (["--inprocess-max-restarts", "-1"], "--inprocess-max-restarts -1 (>= 0)"),
