@@ -1,4 +1,4 @@
-"""Shape of the scheduler-layer roles (munge, slurm, shared_storage, enroot, pyxis): public defaults
+"""Shape of the scheduler-layer roles (munge, slurmdbd, slurm, shared_storage, enroot, pyxis): public defaults
 role-prefixed and in sync with meta/argument_specs.yml, private vars `_<role>_`, a thin tasks/main.yml
 (preflight -> install -> configure -> run with the role's tags), and a managed.d record."""
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from _role_render import ROLES
 
-SCHEDULER_ROLES = ["munge", "slurm", "shared_storage", "enroot", "pyxis"]
+SCHEDULER_ROLES = ["munge", "slurmdbd", "slurm", "shared_storage", "enroot", "pyxis"]
 
 
 def _yaml(path: Path) -> object:
