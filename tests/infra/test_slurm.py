@@ -124,6 +124,48 @@ def test_srun_two_nodes_hostname(host: Any) -> None:
     assert sorted(out.split()) == sorted(n.check_output("hostname -s") for n in compute[:2])
 
 
+def _cgroup_spec(host: Any) -> dict:
+    slurm = cluster_spec(host)["slurm"]
+    if "task/cgroup" not in slurm["task_plugin"] or slurm["proctrack_type"] != "proctrack/cgroup":
+        pytest.skip(
+            f"the spec does not use the cgroup plugins ({slurm['proctrack_type']}, {slurm['task_plugin']})"
+        )
+    return slurm
+
+
+@pytest.mark.groups("controller")
+def test_job_steps_run_in_their_own_cgroups(host: Any) -> None:
+    """proctrack/cgroup + task/cgroup: a step's processes are in Slurm's job/step cgroups."""
+    _cgroup_spec(host)
+    out = host.check_output("timeout 120 srun --nodes=1 --ntasks=1 --time=1 cat /proc/self/cgroup")
+    for ctrl in ("memory", "freezer", "cpuset"):
+        assert re.search(rf"^\d+:{ctrl}:/slurm_?[^/]*/uid_\d+/job_\d+/step_0", out, re.M), (ctrl, out)
+
+
+@pytest.mark.groups("controller")
+def test_a_job_cannot_exceed_its_memory(host: Any) -> None:
+    """ConstrainRAMSpace: 400 MB written under --mem=100M is killed (Slurm reports the OOM kill, sacct
+    OUT_OF_MEMORY where accounting is on); 50 MB under --mem=200M runs."""
+    slurm = _cgroup_spec(host)
+    name = f"lcm-oom-{uuid.uuid4().hex[:8]}"
+    alloc = "python3 -c \"b = b'x' * ({mb} * 1024 * 1024); print(len(b))\""
+    srun = "timeout 120 srun --nodes=1 --ntasks=1 --time=1"
+    over = host.run(f"{srun} --job-name={name} --mem=100M {alloc.format(mb=400)}")
+    assert over.rc != 0, over.stdout
+    assert re.search(r"oom[- _]kill|out of memory", over.stdout + over.stderr, re.I), over.stderr
+    fits = host.run(f"{srun} --mem=200M {alloc.format(mb=50)}")
+    assert fits.rc == 0 and fits.stdout.strip() == str(50 * 1024 * 1024), fits.stderr
+    if not slurm.get("accounting", {}).get("enabled"):
+        return
+    deadline, states = time.time() + 60, ""
+    while time.time() < deadline:
+        states = host.check_output(f"sacct --name={name} --allocations --noheader --parsable2 --format=State")
+        if states.strip() and "RUNNING" not in states and "PENDING" not in states:
+            break
+        time.sleep(2)
+    assert states.split() == ["OUT_OF_MEMORY"], states
+
+
 @pytest.fixture
 def shared_job_dir(host: Any) -> Iterator[str]:
     path = f"{cluster_spec(host)['storage']['checkpoint_dir']}/.lcm-infra-test-{uuid.uuid4().hex[:8]}"

@@ -66,8 +66,8 @@ def test_lab_spec_renders_lab_overrides() -> None:
     conf = _conf(render("slurm", "slurm.conf.j2", _vars(LAB)))
     assert conf["clustername"] == ["ClusterName=lab"]
     assert conf["slurmctldhost"] == ["SlurmctldHost=ctl"]
-    assert conf["proctracktype"] == ["ProctrackType=proctrack/linuxproc"]
-    assert conf["taskplugin"] == ["TaskPlugin=task/none"]
+    assert conf["proctracktype"] == ["ProctrackType=proctrack/cgroup"]
+    assert conf["taskplugin"] == ["TaskPlugin=task/cgroup"]  # not the default task/affinity,task/cgroup
     assert conf["selecttype"] == ["SelectType=select/cons_tres"]
     assert conf["jobrequeue"] == ["JobRequeue=1"]
     assert "grestypes" not in conf
@@ -149,7 +149,7 @@ def test_partition_groups_and_several_partitions() -> None:
     [
         (("MaxTime=2:00:00", "MaxTime=4:00:00"), []),
         (("KillWait=30", "KillWait=60"), []),
-        (("ProctrackType=proctrack/linuxproc", "ProctrackType=proctrack/cgroup"), ["ProctrackType"]),
+        (("ProctrackType=proctrack/cgroup", "ProctrackType=proctrack/linuxproc"), ["ProctrackType"]),
         (("RealMemory=20952", "RealMemory=20000"), ["NodeName"]),
         (("SlurmdPort=6818", "SlurmdPort=7818"), ["SlurmdPort"]),
         (("# Partitions", "#   partitions, reworded"), []),

@@ -197,7 +197,7 @@ def test_fill_defaults_keeps_given_values_and_fills_nfs_for_type_nfs() -> None:
     spec["storage"] = {"type": "nfs", "mountpoint": "/mnt/ckpt", "checkpoint_dir": "/mnt/ckpt/c"}
     spec["storage"]["nfs"] = {"threads": 64}
     filled = fill_defaults(spec)
-    assert filled["slurm"]["task_plugin"] == "task/none"  # the lab's own value stays
+    assert filled["slurm"]["task_plugin"] == "task/cgroup"  # the lab's own value stays
     assert filled["storage"]["nfs"]["threads"] == 64
     assert filled["storage"]["nfs"]["server_group"] == "controller"
     assert "hard" in filled["storage"]["nfs"]["mount_options"].split(",")
