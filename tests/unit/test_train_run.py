@@ -8,6 +8,7 @@ orphaned helper processes.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -174,7 +175,10 @@ def test_sigusr1_checkpoints_and_exits_requeue(tmp_path: Path) -> None:
 
 
 def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path: Path) -> None:
-    """TP=2 (MoE forces sequence parallelism, TorchLayerNorm) trains bitwise like one process."""
+    """TP=2 (MoE forces sequence parallelism, TorchLayerNorm) trains like one process: the first step's
+    loss bitwise, the later ones within 1e-5 relative. TP splits the row-parallel matmuls' sums into
+    per-rank partial sums and an all-reduce, so bitwise equality after an update holds only where the
+    CPU's GEMM kernel blocks K the same way (it did on an AVX-512 machine, not on an AVX2 EPYC)."""
     argv = [*MODEL, "--train-iters", "3", "--expert-model-parallel-size", "1"]
     tp2 = run_direct(
         tmp_path / "tp2",
@@ -196,7 +200,12 @@ def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path: Pa
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     single = {r.step: r.get("loss_hex") for r in steps(load_run(one), rank=0)}
-    assert tp2.losses() == single and len(single) == 3
+    got = tp2.losses()
+    assert sorted(got) == sorted(single) == [1, 2, 3]
+    assert got[1] == single[1], (got, single)  # forward only: the same reductions
+    for step in (2, 3):
+        want = float.fromhex(single[step])
+        assert math.isclose(float.fromhex(got[step]), want, rel_tol=1e-5), (step, got, single)
     assert of_event(tp2.records(), "start", rank=0)[0].get("tp") == 2
 
 
