@@ -104,7 +104,8 @@ def test_every_stage_and_the_slo_report_pass_and_the_exit_status_is_0(lab_run_re
     report = (run.dir / "infra_slo.md").read_text()
     assert "**Verdict: PASS**" in report
     # no table cell of the report is a FAIL (SLO status, stage verdict); sacct's own job states in the
-    # accounting table (FAILED for a stage's killed job, NODE_FAIL for the lost node's) are facts, not verdicts
+    # accounting table (FAILED for a stage's killed job, NODE_FAIL for the lost node's) are facts, not
+    # verdicts
     assert not re.findall(r"^\|.*\|\s*FAIL\s*\|.*$", report, re.MULTILINE)
     assert "NCCL profile verdict: FAIL" not in report
 
