@@ -50,23 +50,33 @@ def test_compute_runs_slurmd_only(host: Any) -> None:
     assert not host.service("slurmctld").is_enabled
 
 
-@pytest.mark.groups("compute")
-def test_slurmd_listens_on_the_cluster_interface(host: Any) -> None:
-    """Unless the spec sets slurm.bind_any_address, slurmd listens on the address the node's name
-    resolves to, never on every address (0.0.0.0 / [::]). (slurmctld of Slurm 22.05 ignores
-    CommunicationParameters=NoInAddrAny and still listens on every address: docs/scheduler.md.)"""
+def _assert_listens_on_the_cluster_interface(host: Any, daemon: str, port: int) -> None:
     spec = cluster_spec(host)
-    port = role_defaults("slurm")["slurm_slurmd_port"]
     listening = [
         line.split()[3]
         for line in host.check_output("ss -Hltn").splitlines()
         if line.split()[3].rsplit(":", 1)[-1] == str(port)
     ]
-    assert listening, f"slurmd listens on no address with port {port}"
+    assert listening, f"{daemon} listens on no address with port {port}"
     if spec["slurm"].get("bind_any_address", False):
         return
     me = host.check_output("getent ahostsv4 $(hostname) | awk 'NR==1{print $1}'").strip()
-    assert listening == [f"{me}:{port}"], (listening, me)
+    assert listening == [f"{me}:{port}"], (daemon, listening, me)
+
+
+@pytest.mark.groups("compute")
+def test_slurmd_listens_on_the_cluster_interface(host: Any) -> None:
+    """Unless the spec sets slurm.bind_any_address, slurmd listens on the address the node's name
+    resolves to, never on every address (0.0.0.0 / [::]): CommunicationParameters=NoInAddrAny."""
+    _assert_listens_on_the_cluster_interface(host, "slurmd", role_defaults("slurm")["slurm_slurmd_port"])
+
+
+@pytest.mark.groups("controller")
+def test_slurmctld_listens_on_the_cluster_interface(host: Any) -> None:
+    """The same for slurmctld, which ignores NoInAddrAny and needs its own flag, NoCtldInAddrAny (without
+    it, Slurm 22.05's slurmctld listened on 0.0.0.0:6817)."""
+    port = role_defaults("slurm")["slurm_slurmctld_port"]
+    _assert_listens_on_the_cluster_interface(host, "slurmctld", port)
 
 
 def test_same_slurm_conf_everywhere(host: Any) -> None:

@@ -203,7 +203,7 @@ def test_node_watchdog_runs_on_compute_nodes_only() -> None:
 
 def test_daemons_bind_the_cluster_interface_unless_the_spec_says_otherwise() -> None:
     conf = _conf(render("slurm", "slurm.conf.j2", _vars(LAB)))
-    assert conf["communicationparameters"] == ["CommunicationParameters=NoInAddrAny"]
+    assert conf["communicationparameters"] == ["CommunicationParameters=NoInAddrAny,NoCtldInAddrAny"]
     spec = copy.deepcopy(LAB)
     spec["slurm"]["bind_any_address"] = True
     assert "communicationparameters" not in _conf(render("slurm", "slurm.conf.j2", _vars(spec)))

@@ -30,7 +30,15 @@ PLAY = """
 """
 
 
-def _run(tmp_path: Path, cluster: dict) -> subprocess.CompletedProcess[str]:
+# The machine that runs the tests may resolve its own name to loopback (its /etc/hosts); the daemons'
+# listening name is pointed at a cluster-like address unless a test is about it (getent resolves an
+# address literal to itself).
+CLUSTER_ADDRESS = "10.89.42.11"
+
+
+def _run(
+    tmp_path: Path, cluster: dict, listen_name: str = CLUSTER_ADDRESS
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "hosts.ini").write_text(
         "[controller]\nctl ansible_connection=local\n[compute]\nnode1 ansible_connection=local\n"
         "[cluster:children]\ncontroller\ncompute\n"
@@ -48,7 +56,7 @@ def _run(tmp_path: Path, cluster: dict) -> subprocess.CompletedProcess[str]:
     }
     venv_bin = REPO / ".venv" / "bin"
     cmd = [str(venv_bin / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(tmp_path / "play.yml")]
-    cmd += ["-e", f"@{tmp_path / 'spec.json'}"]
+    cmd += ["-e", f"@{tmp_path / 'spec.json'}", "-e", f"_slurm_listen_name={listen_name}"]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180, check=False)
 
 
@@ -56,6 +64,30 @@ def _run(tmp_path: Path, cluster: dict) -> subprocess.CompletedProcess[str]:
 def test_lab_spec_passes(tmp_path: Path) -> None:
     result = _run(tmp_path, LAB)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("localhost", "resolves to 127.0.0.1"), ("no-such-node.invalid", "resolves to no IPv4 address")],
+)
+def test_a_name_on_loopback_or_unresolved_is_refused(tmp_path: Path, name: str, shown: str) -> None:
+    """With bind_any_address false, slurmctld/slurmd listen only where the node's name resolves: a name on
+    loopback (Debian's 127.0.1.1 line) or none at all is refused on every node, saying which and why."""
+    result = _run(tmp_path, LAB, listen_name=name)
+    assert result.returncode != 0
+    for host in ("ctl", "node1"):
+        assert f"slurm: the name '{name}' of {host} {shown}" in result.stdout, result.stdout[-3000:]
+    assert "cluster.slurm.bind_any_address true" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_name_on_loopback_is_fine_when_the_daemons_listen_on_every_address(tmp_path: Path) -> None:
+    spec = copy.deepcopy(LAB)
+    spec["slurm"]["bind_any_address"] = True
+    result = _run(tmp_path, spec, listen_name="localhost")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "slurm: the name" not in result.stdout
 
 
 GROUPS = {
