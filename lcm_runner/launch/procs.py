@@ -25,6 +25,9 @@ TRAINER_MODULE = "lcm_runner.train"
 # the modules a rank runs (`python -m`): the trainer, or the bridge to a user's Megatron-LM
 # (RunConfig.train_module; the bridge's child, the user's script, dies with it: PR_SET_PDEATHSIG)
 RANK_MODULES = (TRAINER_MODULE, "lcm_runner.workloads.megatron_lm.bridge")
+# the node's training-metrics writer (`python -m lcm_runner.metrics train`): the batch script's node task
+# starts it beside the agent and stops it after the agent (SIGTERM: a last file with lcm_train_running 0)
+METRICS_MODULE = "lcm_runner.metrics"
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,23 @@ class Proc:
         RANK_MODULES)."""
         if self.comm == TRAINER_COMM:
             return True
-        argv = self.cmdline.split()
         # `python [-u] -m lcm_runner.train ...`; not torchrun's agent (`-m torch.distributed.run ... -m
         # lcm_runner.train`), whose first -m names another module
+        return self.module in RANK_MODULES
+
+    @property
+    def module(self) -> str:
+        """The module of `python ... -m <module>` (the first -m), or "" for anything else."""
+        argv = self.cmdline.split()
         if "-m" not in argv:
-            return False
-        module = argv[argv.index("-m") + 1 :][:1]
-        return bool(module) and module[0] in RANK_MODULES
+            return ""
+        return next(iter(argv[argv.index("-m") + 1 :]), "")
+
+    @property
+    def is_metrics_writer(self) -> bool:
+        """The node's training-metrics writer: the batch script's process beside the agent, not the
+        agent's (the agent's teardown leaves it to the node task, which stops it after the agent)."""
+        return self.module == METRICS_MODULE
 
 
 def _read(path: Path) -> bytes | None:
@@ -105,13 +118,20 @@ def kill(procs: list[Proc], sig: int = signal.SIGKILL) -> list[int]:
     return killed
 
 
-def wait_gone(tag: str, node: str | None, timeout_s: float) -> list[Proc]:
-    """Poll until no tagged process remains (or the timeout); returns what is left."""
+def agents_own(tag: str, node: str | None) -> list[Proc]:
+    """The tagged processes of this node that an agent answers for: all but the metrics writer."""
+    return [p for p in scan(tag, node) if not p.is_metrics_writer]
+
+
+def wait_gone(tag: str, node: str | None, timeout_s: float, *, agents_only: bool = False) -> list[Proc]:
+    """Poll until no tagged process remains (or the timeout); returns what is left. agents_only: only
+    the processes an agent answers for (`agents_own`)."""
+    look = agents_own if agents_only else scan
     deadline = time.monotonic() + timeout_s
-    left = scan(tag, node)
+    left = look(tag, node)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = scan(tag, node)
+        left = look(tag, node)
     return left
 
 

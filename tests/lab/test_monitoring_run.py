@@ -142,6 +142,34 @@ def test_the_run_trained_to_its_last_step_and_checkpointed(prometheus: str, lab_
     assert len(ckpt) == _world() and all(float(r["value"][1]) > 0 for r in ckpt), ckpt
 
 
+def test_the_baseline_jobs_writers_published_its_end(prometheus: str, lab_run_result: LabRun) -> None:
+    """The baseline stage's job finishes cleanly: each node's writer is stopped by its node task after
+    the agent and publishes a last file, so every rank's newest samples say lcm_train_running 0 at
+    train_iters, with the baseline step time (published from step 25 on). Before the agent's sweep
+    spared the writer, it SIGKILLed it at the end of every job: the newest sample was whatever the last
+    5 s tick had seen (running 1 at step 27 of 30, in one lab run), and the baseline series existed only
+    when a tick fell between step 25 and the end."""
+    job = str(_stage(lab_run_result.dir, "baseline")["job_ids"][0])
+    iters = int(yaml.safe_load((ROOT / "configs" / "lab.yml").read_text())["train_iters"])
+    ranks = {str(r) for r in range(_world())}
+    want = {"lcm_train_running": 0.0, "lcm_train_last_step": float(iters)}
+    deadline = time.monotonic() + 60
+    while True:
+        got = {
+            metric: {r["metric"]["rank"]: float(r["value"][1])
+                     for r in _query(f'last_over_time({metric}{{job_id="{job}"}}[2h])')}
+            for metric in (*want, "lcm_train_step_seconds_baseline")
+        }  # fmt: skip
+        ok = all(got[m] == dict.fromkeys(ranks, v) for m, v in want.items())
+        if (ok and set(got["lcm_train_step_seconds_baseline"]) == ranks) or time.monotonic() > deadline:
+            break
+        time.sleep(3)
+    for metric, value in want.items():
+        assert got[metric] == dict.fromkeys(ranks, value), (job, metric, got[metric])
+    assert set(got["lcm_train_step_seconds_baseline"]) == ranks, (job, got["lcm_train_step_seconds_baseline"])
+    assert all(v > 0 for v in got["lcm_train_step_seconds_baseline"].values()), got
+
+
 def test_the_recording_rules_evaluate_for_the_run(prometheus: str, lab_run_result: LabRun) -> None:
     job = _last_job(lab_run_result)
     for record in (

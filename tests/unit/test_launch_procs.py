@@ -103,3 +103,54 @@ def test_cli_stop_all_freezes_without_killing_then_kill_all_ends_them() -> None:
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_the_agents_teardown_leaves_the_nodes_metrics_writer_to_the_node_task(tmp_path, monkeypatch) -> None:
+    """The agent's leftover sweep (after a clean finish, and at every teardown) kills every tagged process
+    of its node but the training-metrics writer: the batch script's node task started that one beside the
+    agent and stops it with SIGTERM after the agent, which makes it write its last file (the job's final
+    steps, lcm_train_running 0). The sweep used to SIGKILL it (lab job logs: `Killed ... -m
+    lcm_runner.metrics train`), so a job's last steps never reached Prometheus."""
+    from lcm_runner.launch.agent.config import AgentConfig
+    from lcm_runner.launch.agent.events import Events
+    from lcm_runner.launch.agent.ranks import Ranks
+
+    tag, node = f"test-writer-{os.getpid()}", "n0"
+    out = tmp_path / "lcm_train_1.prom"
+    (tmp_path / "run" / "telemetry").mkdir(parents=True)
+    writer = _start(
+        tag, node, sys.executable, "-m", "lcm_runner.metrics", "train", "--run-dir", str(tmp_path / "run"),
+        "--job-id", "1", "--out", str(out), "--host", node, "--interval-s", "0.2",
+    )  # fmt: skip
+    helper = _start(tag, node, "sleep", "60")  # a rank's helper left behind: the sweep's business
+    monkeypatch.setenv(procs.TAG_ENV, tag)
+    monkeypatch.setenv(procs.NODE_ENV, node)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not out.exists():
+            time.sleep(0.05)
+        assert out.exists(), "the writer never wrote its file"
+        assert {p.pid: p.is_metrics_writer for p in procs.scan(tag, node)} == {
+            writer.pid: True,
+            helper.pid: False,
+        }
+        events = tmp_path / "agent.jsonl"
+        ranks = Ranks(AgentConfig(nnodes=1, node_rank=0, nproc_per_node=1, master_addr="x", master_port=1),
+                      Events(events, 0))  # fmt: skip
+        ranks.clear_leftovers(0)
+        # (the agent reaps any child of its process, here this test's: Popen cannot see the SIGKILL)
+        assert [p.pid for p in procs.scan(tag, node)] == [writer.pid]
+        assert writer.poll() is None, "the sweep killed the metrics writer"
+        ranks.teardown(1, "a restart")
+        time.sleep(0.3)
+        assert writer.poll() is None, "the teardown killed the metrics writer"
+        assert '"leftovers"' in events.read_text() and f"{helper.pid} sleep 60" in events.read_text()
+        # the node task's SIGTERM: the writer publishes its last file and exits 0
+        writer.terminate()
+        assert writer.wait(timeout=10) == 0
+    finally:
+        for p in (writer, helper):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs.scan(tag) == []

@@ -122,14 +122,16 @@ class Ranks:
             if w.code is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(w.pid, signal.SIGKILL)
-        # everything started for this node except this agent: helpers in other groups, orphans
+        # everything started for this node except this agent: helpers in other groups, orphans; not the
+        # node's metrics writer, which the node task started beside this agent and stops after it (killed
+        # here, its last file, the one with the job's final steps, would never be written)
         tag = os.environ.get(procs.TAG_ENV)
         left: list[procs.Proc] = []
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             self.reap()
             alive = [w for w in self.workers if w.code is None and w.pid not in self._reaped]
-            left = [p for p in procs.scan(tag, os.environ.get(procs.NODE_ENV))] if tag else []
+            left = procs.agents_own(tag, os.environ.get(procs.NODE_ENV)) if tag else []
             if tag:
                 procs.kill(left)
             if not alive and not left:
@@ -147,7 +149,7 @@ class Ranks:
         is killed and recorded."""
         tag = os.environ.get(procs.TAG_ENV)
         if tag:
-            left = procs.wait_gone(tag, os.environ.get(procs.NODE_ENV), 2.0)
+            left = procs.wait_gone(tag, os.environ.get(procs.NODE_ENV), 2.0, agents_only=True)
             if left:
                 self.ev.emit("leftovers", gen=gen, procs=[f"{p.pid} {p.cmdline[:80]}" for p in left])
                 self.teardown(gen, "leftovers after a clean finish")
