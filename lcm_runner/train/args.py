@@ -5,7 +5,7 @@
 honour, before any state is touched. The model-shape and parallel-layout rules are in rules.py, shared
 with the run config's validation (lcm_runner/config/validation.py); the flag-only rules stay here.
 
-Over 400 lines (445) because the parser lists every flag with its help text in one place, beside the
+Over 400 lines (about 450) because the parser lists every flag with its help text in one place, beside the
 dataclass of the same fields and their flag-only checks: split by argument group, each flag would be
 named in three files.
 """
