@@ -72,6 +72,21 @@ def load_lock(path: Path) -> dict[str, Any]:
     return lock
 
 
+def release_lock(lock: dict[str, Any], release: str = "bookworm") -> dict[str, Any]:
+    """lock flattened for a host of release (releases dropped): lcm_lock.packages is that release's pins (the
+    versions.lock.yml template over lcm_lock.releases), or an inventory's own flat packages mapping.
+    Raises LockError when the lock pins nothing for release."""
+    if lock.get("releases") is None:
+        return lock
+    releases = lock["releases"]
+    if not isinstance(releases.get(release), dict) or not isinstance(releases[release].get("packages"), dict):
+        raise LockError(
+            f"lcm_lock.releases.{release}.packages: missing (the lock pins {', '.join(releases)})"
+        )
+    flat = {k: v for k, v in lock.items() if k != "releases"}
+    return {**flat, "packages": dict(releases[release]["packages"])}
+
+
 def _template_regex(template: str) -> re.Pattern[str]:
     if template.count("{version}") < 1:
         raise LockError(f"filename_template {template!r} has no {{version}}")

@@ -93,16 +93,45 @@ def role_settings(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
+# The Debian releases a lock may pin packages for (the spec's cluster.os.release enum).
+RELEASES = ("bookworm", "trixie")
+
+
 def check_lock(lock: Any) -> list[SpecError]:
-    """lcm_lock: packages name -> exact version; artifacts name -> {version, url, sha256|null, filename}."""
+    """lcm_lock: releases.<release>.packages name -> exact version (packages: the roles' template that picks
+    the host's release), or packages name -> exact version for every release (an inventory's own flat lock);
+    artifacts name -> {version, url, sha256|null, filename}."""
     if not isinstance(lock, dict):
         return [
             SpecError("lcm_lock", lock, "a mapping (versions.lock.yml linked as group_vars/all/lock.yml)")
         ]
     errors: list[SpecError] = []
-    for name, ver in (lock.get("packages") or {}).items():
-        if not isinstance(ver, str) or not ver or any(c in ver for c in " *<>"):
-            errors.append(SpecError(f"lcm_lock.packages.{name}", ver, "an exact Debian version string"))
+    tables: list[tuple[str, Any]] = []
+    flat, releases = lock.get("packages"), lock.get("releases")
+    if releases is None:
+        # an inventory's own flat lock: one table for whatever release its nodes run
+        if isinstance(flat, dict):
+            tables.append(("lcm_lock.packages", flat))
+        elif flat is not None:
+            errors.append(SpecError("lcm_lock.packages", flat, "a mapping name -> exact version"))
+    elif not isinstance(releases, dict):
+        errors.append(SpecError("lcm_lock.releases", releases, "a mapping release -> {packages}"))
+    else:
+        # packages is the roles' template over releases (or, handed over by Ansible, its value on one host)
+        for rel, body in releases.items():
+            path = f"lcm_lock.releases.{rel}"
+            if rel not in RELEASES:
+                errors.append(
+                    SpecError(path, rel, f"a Debian release the spec knows ({', '.join(RELEASES)})")
+                )
+            elif not isinstance(body, dict) or not isinstance(body.get("packages"), dict):
+                errors.append(SpecError(f"{path}.packages", body, "a mapping name -> exact version"))
+            else:
+                tables.append((f"{path}.packages", body["packages"]))
+    for prefix, table in tables:
+        for name, ver in table.items():
+            if not isinstance(ver, str) or not ver or any(c in ver for c in " *<>"):
+                errors.append(SpecError(f"{prefix}.{name}", ver, "an exact Debian version string"))
     for name, art in (lock.get("artifacts") or {}).items():
         path = f"lcm_lock.artifacts.{name}"
         if not isinstance(art, dict):
@@ -212,6 +241,38 @@ def lock_errors(
     errors = check_lock(lock)
     if errors:
         return errors
+    release = cluster.get("os", {}).get("release", RELEASES[0])
+    if lock.get("releases") is None:
+        prefix = "lcm_lock.packages"
+    else:
+        prefix = f"lcm_lock.releases.{release}.packages"
+        pinned = (lock.get("releases") or {}).get(release)
+        if pinned is None:
+            return [
+                SpecError(
+                    f"lcm_lock.releases.{release}",
+                    None,
+                    f"the packages of cluster.os.release {release} (the lock pins "
+                    f"{', '.join(lock['releases'])})",
+                )
+            ]
+        lock = {**lock, "packages": pinned["packages"]}
+    return [_in_release(e, prefix) for e in _release_errors(cluster, lock, settings)]
+
+
+def _in_release(error: SpecError, prefix: str) -> SpecError:
+    """The error with lcm_lock.packages.<name> named where it lives: lcm_lock.releases.<release>.packages."""
+    if prefix == "lcm_lock.packages":
+        return error
+    path = error.path.replace("lcm_lock.packages.", prefix + ".")
+    return SpecError(path, error.value, error.expected.replace("lcm_lock.packages.", prefix + "."))
+
+
+def _release_errors(
+    cluster: Mapping[str, Any], lock: Mapping[str, Any], settings: Mapping[str, Any] | None
+) -> list[SpecError]:
+    """lock_errors against a lock whose packages are the release's."""
+    errors: list[SpecError] = []
     s = role_settings(settings)
     errors += nvidia_settings(cluster, s)
     hints = _missing_hints(cluster, lock, s)

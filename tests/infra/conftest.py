@@ -11,6 +11,7 @@ with `@pytest.mark.groups("compute", "login")` (any of the named groups) — so 
     cluster_spec(host)              the `cluster` spec mapping the roles read
     role_var(host, role, name)      an inventory override of a role variable, else the role default
     in_container(host)              the node is a container (some kernel settings cannot apply there)
+    lock_for(host)                  versions.lock.yml's lcm_lock as the roles see it on the host (its release)
 """
 
 from __future__ import annotations
@@ -94,3 +95,15 @@ def _only_on_matching_groups(request: pytest.FixtureRequest) -> None:
     groups = host_groups(host)
     if not groups.intersection(wanted):
         pytest.skip(f"{host.backend.get_hostname()} is not in {'/'.join(wanted)}")
+
+
+@functools.cache
+def _raw_lock() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "versions.lock.yml").read_text(encoding="utf-8"))["lcm_lock"]
+
+
+def lock_for(host: Any) -> dict[str, Any]:
+    """lcm_lock with packages = the pins of the host's Debian release (what lcm_lock.packages is there)."""
+    from lcm_runner.lock import release_lock
+
+    return release_lock(_raw_lock(), host.system_info.codename)

@@ -6,10 +6,8 @@ import json
 import re
 from typing import Any
 
-import yaml
-from conftest import REPO, in_container, lcm_fact, role_var
+from conftest import cluster_spec, in_container, lcm_fact, lock_for, role_var
 
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text(encoding="utf-8"))["lcm_lock"]["packages"]
 SYSCTL_FILE = "/etc/sysctl.d/90-lcm.conf"
 LIMITS_FILE = "/etc/security/limits.d/90-lcm.conf"
 SYSTEMD_LIMITS_FILE = "/etc/systemd/system.conf.d/90-lcm-limits.conf"
@@ -19,8 +17,15 @@ def test_base_packages_pinned_and_held(host: Any) -> None:
     for name in role_var(host, "common", "common_packages"):
         out = host.check_output("dpkg-query -W -f='${Version}|${Status}' %s", name)
         version, status = out.split("|")
-        assert version == LOCK[name], f"{name} {version} installed, lock pins {LOCK[name]}"
+        pinned = lock_for(host)["packages"][name]
+        assert version == pinned, f"{name} {version} installed, lock pins {pinned}"
         assert status == "hold ok installed", f"{name} not held: {status}"
+
+
+def test_node_runs_the_specs_release(host: Any) -> None:
+    """cluster.os.release on every node (roles/common's preflight refuses a node that runs another)."""
+    assert host.system_info.distribution == "debian"
+    assert host.system_info.codename == cluster_spec(host)["os"]["release"]
 
 
 def test_node_fact_matches_the_node(host: Any) -> None:

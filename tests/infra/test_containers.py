@@ -19,10 +19,12 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import cluster_spec, host_vars, role_var
+from conftest import cluster_spec, host_vars, lock_for, role_var
+
+from lcm_runner.lock import release_lock
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCK = yaml.safe_load((ROOT / "versions.lock.yml").read_text(encoding="utf-8"))["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((ROOT / "versions.lock.yml").read_text(encoding="utf-8"))["lcm_lock"])
 # The unprivileged account of the lab (roles/common: common_users); a site names its own.
 TEST_USER = os.environ.get("LCM_TEST_CONTAINER_USER", "lcm-user")
 
@@ -87,7 +89,7 @@ def test_pyxis_is_the_locked_version_and_registered(host: Any) -> None:
     version = host.check_output(f"grep -a -o 'pyxis: version v[0-9.]*' {plugin.path} | head -n 1")
     assert version.strip() == f"pyxis: version v{want}"
     stamp = host.file(f"{prefix}/lib/slurm/.spank_pyxis.build")
-    assert stamp.contains(f"pyxis={want} slurm={LOCK['packages']['libslurm-dev']}")
+    assert stamp.contains(f"pyxis={want} slurm={lock_for(host)['packages']['libslurm-dev']}")
     conf = host.file("/etc/slurm/plugstack.conf.d/pyxis.conf")
     assert conf.contains(f"^required {plugin.path} ")
     assert host.file("/etc/slurm/plugstack.conf").contains("include /etc/slurm/plugstack.conf.d/")

@@ -11,8 +11,7 @@ import importlib.util
 from typing import Any
 
 import pytest
-import yaml
-from conftest import REPO, cluster_spec, role_var
+from conftest import REPO, cluster_spec, lock_for, role_var
 
 _spec = importlib.util.spec_from_file_location(
     "nvidia_checks", REPO / "roles/nvidia_driver/filter_plugins/nvidia_checks.py"
@@ -20,7 +19,6 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec and _spec.loader
 nv = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(nv)
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text(encoding="utf-8"))["lcm_lock"]
 
 pytestmark = pytest.mark.groups("compute")
 
@@ -36,9 +34,9 @@ def spec(host: Any) -> dict[str, Any]:
 def _expected_version(host: Any) -> str:
     if role_var(host, "nvidia_driver", "nvidia_driver_source") == "debian":
         pkg = role_var(host, "nvidia_driver", "nvidia_driver_debian_packages")[0]
-        return nv.upstream_version(LOCK["packages"][pkg])
+        return nv.upstream_version(lock_for(host)["packages"][pkg])
     return nv.upstream_version(
-        LOCK["artifacts"][role_var(host, "nvidia_driver", "nvidia_driver_artifact")]["version"]
+        lock_for(host)["artifacts"][role_var(host, "nvidia_driver", "nvidia_driver_artifact")]["version"]
     )
 
 

@@ -10,8 +10,7 @@ import importlib.util
 from typing import Any
 
 import pytest
-import yaml
-from conftest import REPO, cluster_spec, role_var
+from conftest import REPO, cluster_spec, lock_for, role_var
 
 _spec = importlib.util.spec_from_file_location(
     "rdma_checks", REPO / "roles/rdma/filter_plugins/rdma_checks.py"
@@ -19,7 +18,6 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec and _spec.loader
 rc = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rc)
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text(encoding="utf-8"))["lcm_lock"]["packages"]
 
 pytestmark = pytest.mark.groups("compute")
 
@@ -37,7 +35,8 @@ def test_inbox_packages_pinned_and_held(host: Any, spec: dict[str, Any]) -> None
         pytest.skip("DOCA-OFED stack")
     for name in role_var(host, "rdma", "rdma_inbox_packages"):
         version, status = host.check_output("dpkg-query -W -f='${Version}|${Status}' %s", name).split("|")
-        assert version == LOCK[name] and status == "hold ok installed", (name, version, status)
+        pinned = lock_for(host)["packages"][name]
+        assert version == pinned and status == "hold ok installed", (name, version, status)
 
 
 def test_hcas_active_at_spec_rate(host: Any, spec: dict[str, Any]) -> None:

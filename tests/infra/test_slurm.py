@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import testinfra
-from conftest import cluster_spec, role_defaults
+from conftest import cluster_spec, lock_for, role_defaults
 
 UP_STATES = {"idle", "mixed", "allocated", "completing"}
 
@@ -39,7 +39,7 @@ def test_controller_runs_slurmctld_only(host: Any) -> None:
     assert host.service("slurmctld").is_running
     assert host.service("slurmctld").is_enabled
     assert not host.service("slurmd").is_running
-    assert not host.service("slurmd").is_enabled
+    _assert_not_enabled(host, "slurmd")
 
 
 @pytest.mark.groups("compute")
@@ -47,7 +47,19 @@ def test_compute_runs_slurmd_only(host: Any) -> None:
     assert host.service("slurmd").is_running
     assert host.service("slurmd").is_enabled
     assert not host.service("slurmctld").is_running
-    assert not host.service("slurmctld").is_enabled
+    _assert_not_enabled(host, "slurmctld")
+
+
+def _assert_not_enabled(host: Any, unit: str) -> None:
+    """Disabled, masked or not installed. testinfra's is_enabled accepts exit 0/1 only: systemd 257 (Debian
+    13) answers a unit that is not installed with exit 4 and `not-found` (252 on Debian 12: exit 1)."""
+    out = host.run("systemctl is-enabled %s", unit)
+    state = out.stdout.strip() or out.stderr.strip()
+    assert out.rc != 0 and (state in ("disabled", "masked", "not-found") or "No such file" in state), (
+        unit,
+        out.rc,
+        state,
+    )
 
 
 def _assert_listens_on_the_cluster_interface(host: Any, daemon: str, port: int) -> None:
@@ -100,6 +112,45 @@ def test_configuration_from_spec(host: Any) -> None:
         assert re.search(rf"^{key}\s+= {re.escape(value)}$", conf, re.M), key
     partitions = host.check_output("sinfo --noheader --format=%R").split()
     assert sorted(partitions) == sorted(p["name"] for p in spec["slurm"]["partitions"])
+
+
+def test_the_installed_slurm_is_the_locked_release(host: Any) -> None:
+    """scontrol is the lock's Slurm for the node's Debian release (22.05 on bookworm, 24.11 on trixie), and
+    slurm.conf says which release it was rendered for."""
+    pinned = lock_for(host)["packages"]["slurm-client"]  # e.g. 24.11.5-4+deb13u1
+    upstream = pinned.split(":", 1)[-1].split("-", 1)[0]
+    assert host.check_output("scontrol version").split()[-1] == upstream
+    major_minor = ".".join(upstream.split(".")[:2])
+    assert host.file("/etc/slurm/slurm.conf").contains(f"^# For Slurm {re.escape(major_minor)} ")
+
+
+# A configuration key the running release renamed, removed or rejects shows as a daemon-level error or
+# warning at start (24.11: "error: Configured MailProg is invalid"); job-step lines ("[12.0] ...") are not
+# about the configuration.
+_CONFIG_COMPLAINT = re.compile(
+    r"^\[[^\]]+\] (?:error|warning): .*(?:invalid|unknown|unrecogni[sz]ed|obsolete|deprecated|no longer|"
+    r"not supported|ignor)",
+    re.I,
+)
+
+
+def _complaints_since_start(host: Any, log: str, started: str) -> list[str]:
+    lines = host.file(log).content_string.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.search(started, line)]
+    assert starts, f"{log}: no '{started}' line"
+    return [line for line in lines[starts[-1] :] if _CONFIG_COMPLAINT.search(line)]
+
+
+@pytest.mark.groups("controller")
+def test_slurmctld_takes_the_configuration_without_complaint(host: Any) -> None:
+    assert (
+        _complaints_since_start(host, "/var/log/slurm/slurmctld.log", r"slurmctld version \S+ started") == []
+    )
+
+
+@pytest.mark.groups("compute")
+def test_slurmd_takes_the_configuration_without_complaint(host: Any) -> None:
+    assert _complaints_since_start(host, "/var/log/slurm/slurmd.log", r"slurmd version \S+ started") == []
 
 
 @pytest.mark.groups("compute")

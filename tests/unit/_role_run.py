@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import fill_defaults
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ class RoleRun:
 
 
 def lock() -> dict[str, Any]:
-    return yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+    return release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])
 
 
 def run_role(

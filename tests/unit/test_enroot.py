@@ -17,6 +17,7 @@ import yaml
 from _role_render import REPO, evaluate, render
 from _role_run import run_role
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import fill_defaults, validate
 from lcm_runner.spec.lock_rules import SETTINGS, layer_needs, role_settings
 
@@ -164,7 +165,7 @@ def test_cleanup_waits_while_the_user_has_another_job_on_the_node(tmp_path: Path
 
 # ------------------------------------------------------------------ install method: deb (release) or source
 
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])
 # The lab inventory's role settings (what playbooks/validate.yml hands lock_rules for that inventory).
 LAB_SETTINGS = {
     k: v
@@ -371,7 +372,7 @@ def test_lock_rules_keep_the_enroot_debs_and_source_one_release() -> None:
 
     from lcm_runner.spec import validate as spec_validate
 
-    lock = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+    lock = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])
     spec = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
     settings = {"enroot_install_method": "source"}
     assert spec_validate(spec, lock=lock, settings=settings) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lcm_runner.lock import LockError, load_lock, main, match_file, render_artifacts, update
+from lcm_runner.lock import LockError, load_lock, main, match_file, release_lock, render_artifacts, update
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,25 @@ def test_repo_lock_shape() -> None:
         assert {"version", "url", "filename", "sha256"} <= set(a), name
         assert a["url"].startswith("https://"), name
         assert a["sha256"] is None or len(a["sha256"]) == 64, name
-    assert all(isinstance(v, str) for v in lock["packages"].values())
+    # the roles read lcm_lock.packages: the template that picks the host's release from lcm_lock.releases
+    assert "lcm_lock.releases[ansible_facts['distribution_release']" in lock["packages"]
+    assert set(lock["releases"]) == {"bookworm", "trixie"}
+    for release in ("bookworm", "trixie"):
+        assert all(isinstance(v, str) for v in lock["releases"][release]["packages"].values()), release
+
+
+def test_every_release_pins_the_same_packages() -> None:
+    """A role installs the same names on either release: a package pinned for one only would fail the
+    other's converge halfway."""
+    rel = load_lock(ROOT / "versions.lock.yml")["releases"]
+    assert set(rel["bookworm"]["packages"]) == set(rel["trixie"]["packages"])
+    bookworm = release_lock(load_lock(ROOT / "versions.lock.yml"), "bookworm")
+    trixie = release_lock(load_lock(ROOT / "versions.lock.yml"), "trixie")
+    assert bookworm["packages"]["slurmd"].startswith("22.05.") and "+deb12" in bookworm["packages"]["slurmd"]
+    assert trixie["packages"]["slurmd"].startswith("24.11.") and "+deb13" in trixie["packages"]["slurmd"]
+    assert "releases" not in trixie and trixie["artifacts"] == bookworm["artifacts"]
+    with pytest.raises(LockError, match=r"lcm_lock\.releases\.sid\.packages: missing"):
+        release_lock(load_lock(ROOT / "versions.lock.yml"), "sid")
 
 
 def test_update_locks_existing_version(lock: Path, tmp_path: Path) -> None:
@@ -63,7 +81,7 @@ def test_update_locks_existing_version(lock: Path, tmp_path: Path) -> None:
     # everything above the artifacts block is byte-identical (comments kept)
     head = before[: before.index("  artifacts:")]
     assert lock.read_text().startswith(head)
-    assert load_lock(lock)["packages"] == load_lock(ROOT / "versions.lock.yml")["packages"]
+    assert load_lock(lock)["releases"] == load_lock(ROOT / "versions.lock.yml")["releases"]
 
 
 def test_update_moves_version_by_template(lock: Path, tmp_path: Path) -> None:

@@ -14,13 +14,14 @@ import pytest
 import yaml
 from _role_render import REPO, evaluate, render
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import rules
 from lcm_runner.spec.errors import SpecError
 
 TOOLS = REPO / ".cache" / "tools" / "bin"
 LAB = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
 H200 = yaml.safe_load((REPO / "inventories/example-h200/group_vars/all/cluster.yml").read_text())["cluster"]
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])
 
 
 def _tool(name: str) -> str:

@@ -10,7 +10,9 @@ import tarfile
 import yaml
 from _role_render import REPO, evaluate, render
 
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+from lcm_runner.lock import release_lock
+
+LOCK = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])
 
 
 def test_plugstack_entry_defaults() -> None:

@@ -10,6 +10,8 @@ from typing import Any
 import yaml
 from _role_render import REPO, render
 
+from lcm_runner.lock import release_lock
+
 _spec = importlib.util.spec_from_file_location(
     "sacctmgr_filter", REPO / "roles/slurmdbd/filter_plugins/sacctmgr.py"
 )
@@ -25,7 +27,7 @@ _conf_spec.loader.exec_module(slurm_conf)
 
 LAB = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
 RESTART_KEYS = yaml.safe_load((REPO / "roles/slurm/vars/main.yml").read_text())["_slurm_restart_keys"]
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]["packages"]
+LOCK = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])["packages"]
 DBD_VARS = yaml.safe_load((REPO / "roles/slurmdbd/vars/main.yml").read_text())
 
 

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import fill_defaults, load_cluster, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = load_cluster(ROOT / "inventories/lab")
 H200 = load_cluster(ROOT / "inventories/example-h200")
-LOCK = yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"])
 GROUPS = {"all": ["ctl", "c1", "c2"], "controller": ["ctl"], "compute": ["c1", "c2"], "monitoring": ["ctl"]}
 A = "cluster.slurm.accounting"
 DBD_PACKAGES = {"slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server", "mariadb-client", "python3-pymysql"}

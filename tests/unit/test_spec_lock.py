@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import fill_defaults, load_cluster, validate
 from lcm_runner.spec.lock_rules import layer_needs, lock_errors, role_settings, role_value
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCK = yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"])
 LAB = load_cluster(ROOT / "inventories/lab")
 H200 = load_cluster(ROOT / "inventories/example-h200")
 

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import load_cluster, validate
 from lcm_runner.spec.lock_rules import SETTINGS, nvidia_debian_packages, role_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCK = yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"])
 H200 = load_cluster(ROOT / "inventories/example-h200")
 LAB = load_cluster(ROOT / "inventories/lab")
 DEBIAN = {"nvidia_driver_source": "debian"}

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from _role_render import REPO, render
 
+from lcm_runner.lock import release_lock
+
 TOOL = REPO / "roles" / "train_image" / "files" / "lcm-train-image.sh"
 TOOLS_BIN = REPO / ".cache" / "tools" / "bin"
 LAB = yaml.safe_load((REPO / "inventories/lab/group_vars/all/cluster.yml").read_text())["cluster"]
@@ -418,7 +420,7 @@ def test_a_missing_root_exits_2(tmp_path: Path) -> None:
 
 def test_the_tools_come_from_the_lock(tmp_path: Path) -> None:
     """scripts/bootstrap unpacked the lock's squashfs-tools (and its liblzo2), not whatever is around."""
-    lock = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]["packages"]
+    lock = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"])["packages"]
     stamp = (TOOLS_BIN.parent / "squashfs.version").read_text().split()
     assert stamp == [f"squashfs-tools={lock['squashfs-tools']}", f"liblzo2-2={lock['liblzo2-2']}"]
     out = subprocess.run(
