@@ -28,10 +28,11 @@ sys.path.insert(0, str(REPO / "tests" / "unit"))
 
 from _role_render import render, validated  # noqa: E402
 
+from lcm_runner.lock import release_lock  # noqa: E402
 from lcm_runner.spec import validate  # noqa: E402
 
 H200 = yaml.safe_load((REPO / "inventories/example-h200/group_vars/all/cluster.yml").read_text())["cluster"]
-LOCK = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+LOCK = release_lock(yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"], "bookworm")
 LEAF = 32  # nodes per leaf switch
 SLOTS = 64  # free node slots beyond the N nodes
 FILES = (

@@ -783,9 +783,11 @@ def filter_regex(raws: Iterable[str]) -> str:
 
 
 def load_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
+    """The lock as the roles see it on the lab's nodes (their release: LAB_RELEASE, default bookworm)."""
+    from lcm_runner.lock import release_lock
+
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    lock: dict[str, Any] = data["lcm_lock"]
-    return lock
+    return release_lock(data["lcm_lock"], os.environ.get("LAB_RELEASE", "bookworm"))
 
 
 def pyxis_tarball(lock: dict[str, Any], mirror: Path = MIRROR) -> tuple[Path, dict[str, Any]]:

@@ -15,6 +15,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import filter_loader
 from ansible.template import Templar, trust_as_template
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import fill_defaults
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,9 +43,14 @@ def role_vars(role: str) -> dict[str, Any]:
 
 
 def validated(variables: dict[str, Any]) -> dict[str, Any]:
-    """`cluster` as playbooks/validate.yml hands it to the roles: the schema's defaults filled in."""
+    """`cluster` as playbooks/validate.yml hands it to the roles: the schema's defaults filled in; and, unless
+    given, `lcm_lock` as an inventory's group_vars hold it, seen from a node of the spec's release."""
     if isinstance(variables.get("cluster"), dict):
-        return {**variables, "cluster": fill_defaults(variables["cluster"])}
+        variables = {**variables, "cluster": fill_defaults(variables["cluster"])}
+    if "lcm_lock" not in variables:
+        release = (variables.get("cluster") or {}).get("os", {}).get("release", "bookworm")
+        raw = yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"]
+        variables = {**variables, "lcm_lock": release_lock(raw, release)}
     return variables
 
 

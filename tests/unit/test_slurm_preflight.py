@@ -14,6 +14,7 @@ import pytest
 import yaml
 from _role_render import REPO
 
+from lcm_runner.lock import release_lock
 from lcm_runner.spec import validate
 from lcm_runner.spec.schema import fill_defaults
 
@@ -37,14 +38,19 @@ CLUSTER_ADDRESS = "10.89.42.11"
 
 
 def _run(
-    tmp_path: Path, cluster: dict, listen_name: str = CLUSTER_ADDRESS
+    tmp_path: Path, cluster: dict, listen_name: str = CLUSTER_ADDRESS, *extra: str
 ) -> subprocess.CompletedProcess[str]:
     (tmp_path / "hosts.ini").write_text(
         "[controller]\nctl ansible_connection=local\n[compute]\nnode1 ansible_connection=local\n"
         "[cluster:children]\ncontroller\ncompute\n"
     )
     (tmp_path / "play.yml").write_text(PLAY)
-    (tmp_path / "spec.json").write_text(json.dumps({"cluster": fill_defaults(cluster)}))  # as validate.yml
+    # as validate.yml hands the spec over, and the lock as a node of the spec's release reads it
+    spec = fill_defaults(cluster)
+    lock = release_lock(
+        yaml.safe_load((REPO / "versions.lock.yml").read_text())["lcm_lock"], spec["os"]["release"]
+    )
+    (tmp_path / "spec.json").write_text(json.dumps({"cluster": spec, "lcm_lock": lock}))
     (tmp_path / "ansible.cfg").write_text("[defaults]\nnocows = true\n")
     env = {
         **os.environ,
@@ -56,7 +62,7 @@ def _run(
     }
     venv_bin = REPO / ".venv" / "bin"
     cmd = [str(venv_bin / "ansible-playbook"), "-i", str(tmp_path / "hosts.ini"), str(tmp_path / "play.yml")]
-    cmd += ["-e", f"@{tmp_path / 'spec.json'}", "-e", f"_slurm_listen_name={listen_name}"]
+    cmd += ["-e", f"@{tmp_path / 'spec.json'}", "-e", f"_slurm_listen_name={listen_name}", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180, check=False)
 
 
@@ -64,6 +70,19 @@ def _run(
 def test_lab_spec_passes(tmp_path: Path) -> None:
     result = _run(tmp_path, LAB)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("release", "refused"), [("bookworm", False), ("trixie", True)])
+def test_cons_res_is_refused_where_slurm_removed_it(tmp_path: Path, release: str, refused: bool) -> None:
+    """select/cons_res exists in Slurm 22.05 (Debian 12) and was removed in 23.11: on Debian 13's 24.11 the
+    preflight stops before any change, naming the release."""
+    spec = {**LAB, "os": {"release": release}}
+    result = _run(tmp_path, spec, CLUSTER_ADDRESS, "-e", "slurm_select_type=select/cons_res")
+    assert (result.returncode != 0) == refused, result.stdout[-3000:]
+    if refused:
+        assert "Slurm 24.11 (the lock's 24.11.5-4+deb13u1" in result.stdout
+        assert "(select/cons_res was removed in 23.11)" in result.stdout
 
 
 @pytest.mark.slow
