@@ -49,7 +49,8 @@ def validate(
     if inventory_groups is not None:
         errors += inventory_rules(filled if isinstance(filled, Mapping) else {}, inventory_groups)
     if lock is not None:
-        from .lock_rules import check_lock, lock_errors
+        from .lock_rules import lock_errors
+        from .lock_shape import check_lock
 
         errors += lock_errors(filled, lock, settings) if not errors else check_lock(lock)
     return errors

@@ -1,5 +1,6 @@
-"""The lock (versions.lock.yml, `lcm_lock`) against the spec: its shape, the entries every enabled layer
-installs, and the version pairs that must agree. Checked on the controller before any host changes.
+"""The lock (versions.lock.yml, `lcm_lock`) against the spec: the entries every enabled layer installs, and
+the version pairs that must agree, within the spec's Debian release (the shape and that release's view of
+the lock: lock_shape). Checked on the controller before any host changes.
 
 What a layer installs is read from the roles themselves (their defaults/main.yml and vars/main.yml, with
 the inventory's overrides of a role's public settings), so the roles stay the one place that names their
@@ -31,11 +32,9 @@ from .lock_nvidia import (
     upstream_version,
     version_tuple,
 )
+from .lock_shape import check_lock, in_release, release_view
 
 ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_ARTIFACT_KEYS = {"version", "url", "sha256", "filename", "filename_template", "url_template", "note"}
 
 # Minimum Linux driver of each CUDA major version (NVIDIA's CUDA release notes, table "CUDA Toolkit and
 # Minimum Required Driver Version for CUDA Minor Version Compatibility"): an NCCL built for +cudaX.Y
@@ -91,66 +90,6 @@ def role_settings(overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         name: overrides[name] if name in overrides else role_value(role, name)
         for name, role in SETTINGS.items()
     }
-
-
-# The Debian releases a lock may pin packages for (the spec's cluster.os.release enum).
-RELEASES = ("bookworm", "trixie")
-
-
-def check_lock(lock: Any) -> list[SpecError]:
-    """lcm_lock: releases.<release>.packages name -> exact version (packages: the roles' template that picks
-    the host's release), or packages name -> exact version for every release (an inventory's own flat lock);
-    artifacts name -> {version, url, sha256|null, filename}."""
-    if not isinstance(lock, dict):
-        return [
-            SpecError("lcm_lock", lock, "a mapping (versions.lock.yml linked as group_vars/all/lock.yml)")
-        ]
-    errors: list[SpecError] = []
-    tables: list[tuple[str, Any]] = []
-    flat, releases = lock.get("packages"), lock.get("releases")
-    if releases is None:
-        # an inventory's own flat lock: one table for whatever release its nodes run
-        if isinstance(flat, dict):
-            tables.append(("lcm_lock.packages", flat))
-        elif flat is not None:
-            errors.append(SpecError("lcm_lock.packages", flat, "a mapping name -> exact version"))
-    elif not isinstance(releases, dict):
-        errors.append(SpecError("lcm_lock.releases", releases, "a mapping release -> {packages}"))
-    else:
-        # packages is the roles' template over releases (or, handed over by Ansible, its value on one host)
-        for rel, body in releases.items():
-            path = f"lcm_lock.releases.{rel}"
-            if rel not in RELEASES:
-                errors.append(
-                    SpecError(path, rel, f"a Debian release the spec knows ({', '.join(RELEASES)})")
-                )
-            elif not isinstance(body, dict) or not isinstance(body.get("packages"), dict):
-                errors.append(SpecError(f"{path}.packages", body, "a mapping name -> exact version"))
-            else:
-                tables.append((f"{path}.packages", body["packages"]))
-    for prefix, table in tables:
-        for name, ver in table.items():
-            if not isinstance(ver, str) or not ver or any(c in ver for c in " *<>"):
-                errors.append(SpecError(f"{prefix}.{name}", ver, "an exact Debian version string"))
-    for name, art in (lock.get("artifacts") or {}).items():
-        path = f"lcm_lock.artifacts.{name}"
-        if not isinstance(art, dict):
-            errors.append(SpecError(path, art, "a mapping {version, url, sha256, filename}"))
-            continue
-        for key in sorted(set(art) - _ARTIFACT_KEYS):
-            errors.append(SpecError(f"{path}.{key}", art[key], "no such field (unknown key)"))
-        for key in ("version", "url", "filename"):
-            if not isinstance(art.get(key), str) or not art.get(key):
-                errors.append(SpecError(f"{path}.{key}", art.get(key), "a non-empty string"))
-        sha = art.get("sha256")
-        if sha is not None and not (isinstance(sha, str) and _SHA256.match(sha)):
-            errors.append(
-                SpecError(f"{path}.sha256", sha, "64 lowercase hex digits, or null (not locked yet)")
-            )
-        fname = art.get("filename")
-        if isinstance(fname, str) and ("/" in fname or fname.startswith(".")):
-            errors.append(SpecError(f"{path}.filename", fname, "a plain file name"))
-    return errors
 
 
 def layer_needs(cluster: Mapping[str, Any], settings: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -241,31 +180,11 @@ def lock_errors(
     errors = check_lock(lock)
     if errors:
         return errors
-    release = cluster.get("os", {}).get("release", RELEASES[0])
-    if lock.get("releases") is None:
-        prefix = "lcm_lock.packages"
-    else:
-        prefix = f"lcm_lock.releases.{release}.packages"
-        pinned = (lock.get("releases") or {}).get(release)
-        if pinned is None:
-            return [
-                SpecError(
-                    f"lcm_lock.releases.{release}",
-                    None,
-                    f"the packages of cluster.os.release {release} (the lock pins "
-                    f"{', '.join(lock['releases'])})",
-                )
-            ]
-        lock = {**lock, "packages": pinned["packages"]}
-    return [_in_release(e, prefix) for e in _release_errors(cluster, lock, settings)]
-
-
-def _in_release(error: SpecError, prefix: str) -> SpecError:
-    """The error with lcm_lock.packages.<name> named where it lives: lcm_lock.releases.<release>.packages."""
-    if prefix == "lcm_lock.packages":
-        return error
-    path = error.path.replace("lcm_lock.packages.", prefix + ".")
-    return SpecError(path, error.value, error.expected.replace("lcm_lock.packages.", prefix + "."))
+    view = release_view(cluster, lock)
+    if isinstance(view, SpecError):
+        return [view]
+    lock, prefix = view
+    return [in_release(e, prefix) for e in _release_errors(cluster, lock, settings)]
 
 
 def _release_errors(

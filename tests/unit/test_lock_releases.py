@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from lcm_runner.spec import fill_defaults, load_cluster, validate
-from lcm_runner.spec.lock_rules import RELEASES
+from lcm_runner.spec.lock_shape import RELEASES
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = yaml.safe_load((ROOT / "versions.lock.yml").read_text())["lcm_lock"]
