@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from ansible.module_utils.lcm_generation_store import (
+    ROLE_RE,
     GenerationError,
     PkgQuery,
+    _bad_path,
     atomic_write,
     current_number,
     dpkg_versions,
@@ -265,3 +267,36 @@ def restore(
         "packages": packages,
         "services": services,
     }
+
+
+def write_manifest(
+    managed_dir: Path,
+    role: str,
+    files: list[str],
+    packages: list[str],
+    services: list[str],
+    secrets: list[str],
+    check: bool = False,
+) -> bool:
+    """A role's manifest <managed_dir>/<role>.json (the manifest entry point of roles/_generation, in one
+    module run): validated like parse_manifest reads it, written (atomically, 0644, the directory 0755)
+    only when its bytes differ. Returns whether it changed (would, in check mode)."""
+    bad = [p for p in files + secrets if _bad_path(p)]
+    if not ROLE_RE.match(role) or bad:
+        raise GenerationError(
+            f"_generation manifest: role must be a role name (got '{role}') and files and secrets absolute "
+            f"paths without . or .. parts; bad: {bad}"
+        )
+    body = manifest_text(role, files, packages, services, secrets)
+    path = managed_dir / f"{role}.json"
+    try:
+        st = path.stat()
+        if path.read_bytes() == body and (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o644, 0, 0):
+            return False
+    except OSError:
+        pass
+    if not check:
+        managed_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(managed_dir, 0o755)
+        atomic_write(path, body, 0o644, 0, 0)
+    return True

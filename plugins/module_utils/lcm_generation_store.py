@@ -111,7 +111,8 @@ def read_manifests(managed_dir: Path) -> dict[str, dict[str, Any]]:
 def manifest_text(
     role: str, files: list[str], packages: list[str], services: list[str], secrets: list[str]
 ) -> bytes:
-    """The bytes roles/_generation/tasks/manifest.yml writes (Ansible's to_nice_json + a newline)."""
+    """A manifest's bytes (lcm_generation state=manifest and restore write them): Ansible's to_nice_json + a
+    newline, what roles/_generation wrote with the copy module before."""
     body = {
         "role": role,
         "files": sorted(set(files) | set(secrets)),

@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible.module_utils.lcm_generation_ops import drift, purge_secrets, record, restore, snapshot, state_key
+from ansible.module_utils.lcm_generation_ops import (
+    drift,
+    purge_secrets,
+    record,
+    restore,
+    snapshot,
+    state_key,
+    write_manifest,
+)
 from ansible.module_utils.lcm_generation_store import (
     GenerationError,
     dpkg_versions,
@@ -48,6 +56,7 @@ __all__ = [
     "restore",
     "snapshot",
     "state_key",
+    "write_manifest",
 ]
 
 DOCUMENTATION = r"""
@@ -57,6 +66,9 @@ description:
   - C(record) snapshots every file and package listed in managed.d manifests and writes a new generation
     unless nothing differs from C(current) (lock hash, spec hash, file hashes/modes/owners, package versions).
   - C(drift) lists every managed file or package that differs from C(current).
+  - C(manifest) writes one role's manifest <managed_dir>/<role>.json (I(role), I(files), I(packages),
+    I(services), I(secrets)) in the canonical form restore writes, only when it differs (roles/_generation's
+    manifest entry point).
   - C(restore) puts back generation C(generation)'s files and manifests, and returns the packages whose
     versions differ and the services to restart (the playbook installs and restarts them).
   - A file a manifest lists in C(secrets) is never copied into the store (only its sha256, mode and
@@ -67,7 +79,7 @@ options:
   state:
     description: What to do.
     type: str
-    choices: [record, drift, restore]
+    choices: [record, drift, restore, manifest]
     required: true
   generations_dir:
     description: Where generations live.
@@ -92,6 +104,25 @@ options:
   generation:
     description: Generation to restore.
     type: int
+  role:
+    description: The role whose manifest to write (state=manifest).
+    type: str
+  files:
+    description: Absolute paths the role renders (state=manifest); secrets are added.
+    type: list
+    elements: str
+  packages:
+    description: Distro packages the role pins (state=manifest).
+    type: list
+    elements: str
+  services:
+    description: Units to restart when a rollback changes the role's files (state=manifest).
+    type: list
+    elements: str
+  secrets:
+    description: Secret files, never copied into the store (state=manifest).
+    type: list
+    elements: str
 author: lcm-infra
 """
 
@@ -140,7 +171,7 @@ def main() -> None:
 
     module = AnsibleModule(
         argument_spec={
-            "state": {"type": "str", "required": True, "choices": ["record", "drift", "restore"]},
+            "state": {"type": "str", "required": True, "choices": ["record", "drift", "restore", "manifest"]},
             "generations_dir": {"type": "path", "default": "/var/lib/lcm/generations"},
             "managed_dir": {"type": "path", "default": "/var/lib/lcm/managed.d"},
             "lock_sha256": {"type": "str"},
@@ -148,8 +179,13 @@ def main() -> None:
             "git_revision": {"type": "str"},
             "rollback_of": {"type": "int"},
             "generation": {"type": "int"},
+            "role": {"type": "str"},
+            "files": {"type": "list", "elements": "str", "default": []},
+            "packages": {"type": "list", "elements": "str", "default": []},
+            "services": {"type": "list", "elements": "str", "default": []},
+            "secrets": {"type": "list", "elements": "str", "default": []},
         },
-        required_if=[("state", "restore", ["generation"])],
+        required_if=[("state", "restore", ["generation"]), ("state", "manifest", ["role"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -175,6 +211,25 @@ def main() -> None:
                 drift=[],
                 packages={},
                 services=[],
+            )
+        elif p["state"] == "manifest":
+            changed = write_manifest(
+                managed_dir,
+                p["role"],
+                p["files"],
+                p["packages"],
+                p["services"],
+                p["secrets"],
+                module.check_mode,
+            )
+            module.exit_json(
+                changed=changed,
+                generation=None,
+                drift=[],
+                packages={},
+                services=[],
+                kept_secret_paths=[],
+                purged_secret_paths={},
             )
         elif p["state"] == "drift":
             cur, diffs = drift(gen_dir, managed_dir)

@@ -85,6 +85,7 @@ def run_role(
         "[defaults]\n"
         f"roles_path = {REPO / 'roles'}\n"
         f"library = {REPO / 'plugins/modules'}\n"
+        f"module_utils = {REPO / 'plugins/module_utils'}\n"
         f"action_plugins = {REPO / 'plugins/action'}\n"
         f"filter_plugins = {REPO / 'plugins/filter'}\n"
         "stdout_callback = ansible.builtin.json\n"

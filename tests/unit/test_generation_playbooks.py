@@ -184,6 +184,13 @@ def test_manifest_entry_point_writes_what_the_module_reads(tmp_path: Path) -> No
     )
     assert parse_manifest(managed / "munge.json")["secrets"] == ["/etc/munge/munge.key"]
     assert run_role("_generation", tmp_path, args, tasks_from="manifest").changed == 0
+    # a mode changed by hand is put back (the bytes alone do not make it unchanged)
+    (managed / "munge.json").chmod(0o600)
+    assert run_role("_generation", tmp_path, args, tasks_from="manifest").changed == 1
+    assert (managed / "munge.json").stat().st_mode & 0o7777 == 0o644
+    named = run_role("_generation", tmp_path, args | {"_generation_manifest_role": "munge-2"}, "manifest")
+    assert named.rc != 0 and any("role name (got 'munge-2')" in m for m in named.failed_msgs), named.stdout
+    assert not (managed / "munge-2.json").exists()
 
     bad = run_role(
         "_generation", tmp_path, args | {"_generation_manifest_secret_paths": ["munge.key"]}, "manifest"
