@@ -57,8 +57,10 @@ def run_role(
     tasks_from: str = "main",
     check: bool = False,
     tags: str | None = None,
+    cfg_extra: str = "",
 ) -> RoleRun:
-    """Run `role` (entry point `tasks_from`) on localhost with `extra_vars`; parse the json callback."""
+    """Run `role` (entry point `tasks_from`) on localhost with `extra_vars`; parse the json callback.
+    `cfg_extra`: lines added to ansible.cfg's [defaults] (e.g. a fact cache)."""
     play = [
         {
             "name": f"unit test of role {role}",
@@ -91,7 +93,7 @@ def run_role(
         "stdout_callback = ansible.builtin.json\n"
         "retry_files_enabled = false\n"
         "localhost_warning = false\n"
-        "inventory_unparsed_warning = false\n"
+        "inventory_unparsed_warning = false\n" + cfg_extra
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")} | {
         "ANSIBLE_CONFIG": str(cfg),

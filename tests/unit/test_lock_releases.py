@@ -6,6 +6,7 @@ changed."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,43 @@ def test_the_trixie_lab_is_the_lab_but_for_release_and_upper_layers() -> None:
         assert (ROOT / "inventories/lab-trixie" / name).resolve() == (
             ROOT / ("versions.lock.yml" if name.endswith("lock.yml") else f"inventories/lab/{name}")
         ).resolve(), name
+
+
+def _this_release() -> str:
+    line = next(
+        ln for ln in Path("/etc/os-release").read_text().splitlines() if ln.startswith("VERSION_CODENAME=")
+    )
+    return line.split("=", 1)[1].strip('"')
+
+
+@pytest.mark.parametrize("spec_release", ["same", "other"])
+def test_the_release_check_reads_the_node_not_a_stale_fact_cache(tmp_path: Path, spec_release: str) -> None:
+    """roles/common's release check on this machine, with Ansible's fact cache claiming another release (as
+    after a node was reinstalled within the cache's 2 h): the check reads the node, so it passes when the spec
+    names what the machine runs and fails naming the machine's real release otherwise."""
+    from _role_run import run_role, spec
+
+    real = _this_release()
+    other = next(r for r in RELEASES if r != real)
+    cache = tmp_path / "facts"
+    cache.mkdir()
+    stale = {"ansible_distribution": "Debian", "ansible_distribution_release": "jessie",
+             "ansible_distribution_version": "8", "ansible_distribution_major_version": "8"}  # fmt: skip
+    # ansible-core 2.19's jsonfile cache: s1_<host> = {"__payload__": "<the facts as JSON>"}
+    cached = cache / "s1_localhost"
+    cached.write_text(json.dumps({"__payload__": json.dumps(stale)}))
+    cfg = f"gathering = smart\nfact_caching = jsonfile\nfact_caching_connection = {cache}\n"
+    want = real if spec_release == "same" else other
+    cluster = spec() | {"os": {"release": want}}
+    run = run_role("common", tmp_path, {"cluster": cluster}, tasks_from="release", cfg_extra=cfg)
+    if spec_release == "same":
+        assert run.rc == 0, run.failed_msgs or run.stdout[-2000:]
+    else:
+        assert run.rc != 0
+        msg = " ".join(run.failed_msgs)
+        assert (
+            "localhost runs Debian" in msg and f"({real})" in msg and f"cluster.os.release is {other}" in msg
+        )
+        assert "jessie" not in msg
+    # the file is the cache Ansible read and wrote: it now holds what the node runs
+    assert json.loads(json.loads(cached.read_text())["__payload__"])["ansible_distribution_release"] == real
