@@ -2,6 +2,7 @@
 """Measure converge times of site.yml on the lab (docs/lab.md, "Measured times").
 
     python benchmarks/converge.py --fresh   # lab absent -> site.yml (fresh), then site.yml again (no-op)
+    python benchmarks/converge.py --fresh --strategies linear,mitogen_linear   # both, each fresh + no-op
     python benchmarks/converge.py           # no-op re-converge of the running lab only (non-destructive)
 
 Each converge runs `ansible-playbook site.yml` with the ansible.posix.json stdout callback; the play recap
@@ -161,23 +162,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--strategies",
         default="linear",
-        help="comma-separated strategies for the no-op run, each timed in turn in this run "
-        "(e.g. linear,mitogen_linear; mitogen must be installed)",
+        help="comma-separated strategies, each timed in turn in this run: its no-op converge (with --fresh, "
+        "first a fresh one) (e.g. linear,mitogen_linear; mitogen must be installed)",
+    )
+    parser.add_argument(
+        "--label",
+        default="",
+        help="prefix of the run names (<label>:noop, ...), e.g. a baseline of other roles measured in the "
+        "same session; docs/performance.md reads the unlabelled runs only",
     )
     options = parser.parse_args(argv)
+    prefix = f"{options.label}:" if options.label else ""
 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     log_dir = RESULTS / f"converge-{stamp}.logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs: list[Converge] = []
     leftovers: list[str] | None = None
-    if options.fresh:
-        runs.append(run_playbook("absent", ["playbooks/lab.yml", "-e", "state=absent"], log_dir))
-        leftovers = lab_leftovers()
-        runs.append(run_playbook("fresh", [options.playbook], log_dir))
+    # --fresh: each strategy in turn destroys the lab, converges it fresh and then once more (no-op)
     for strategy in options.strategies.split(","):
-        name = "noop" if strategy == "linear" else f"noop-{strategy}"
-        runs.append(run_playbook(name, [options.playbook], log_dir, strategy_env(strategy)))
+        suffix = "" if strategy == "linear" else f"-{strategy}"
+        env = strategy_env(strategy)
+        if options.fresh:
+            absent = ["playbooks/lab.yml", "-e", "state=absent"]
+            runs.append(run_playbook(f"{prefix}absent{suffix}", absent, log_dir, env))
+            leftovers = (leftovers or []) + lab_leftovers()
+            runs.append(run_playbook(f"{prefix}fresh{suffix}", [options.playbook], log_dir, env))
+        runs.append(run_playbook(f"{prefix}noop{suffix}", [options.playbook], log_dir, env))
 
     result = {
         "benchmark": "converge",
@@ -186,11 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         "playbook": options.playbook,
         "nodes": sorted(h for h in runs[-1].per_host if h != "localhost"),
         "strategies": options.strategies.split(","),
+        "label": options.label,
         "runs": [asdict(r) for r in runs],
         "noop_changed": runs[-1].changed,
         "absent_leftovers": leftovers,
         "ok": all(r.rc == 0 for r in runs)
-        and all(r.changed == 0 for r in runs if r.name.startswith("noop"))
+        and all(r.changed == 0 for r in runs if r.name.removeprefix(prefix).startswith("noop"))
         and not leftovers,
     }
     output = options.output or RESULTS / f"converge-{stamp}.json"

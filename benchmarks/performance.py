@@ -184,19 +184,14 @@ def converge_figures() -> list[Figure]:
         ok = r["seconds"] <= target
         value, absolute = f"{r['seconds']:.0f} s", f"{r['seconds'] / target:.2f}x the target"
         out.append(Figure(name, f"<= {target:.0f} s", value, absolute, ok, _rel(f), "" if ok else why))
-        if run == "noop":
-            mito = next((x for x in d["runs"] if x["name"] == "noop-mitogen_linear"), None)
-            if mito is not None:
-                ratio = mito["seconds"] / r["seconds"]
-                ok = mito["seconds"] <= target and mito["changed"] == 0
-                absolute = f"{mito['seconds']:.0f} s = {ratio:.2f}x the linear no-op of the same run"
-                why = (
-                    ""
-                    if ok
-                    else "not adopted yet (an extra dependency, tested here once); still over the target"
-                )
-                out.append(Figure(f"{label} with mitogen_linear (mitogen 0.3.54)", f"<= {target:.0f} s",
-                                  f"{mito['seconds']:.0f} s", absolute, ok, _rel(f), why))  # fmt: skip
+        mito = next((x for x in d["runs"] if x["name"] == f"{run}-mitogen_linear"), None)
+        if mito is not None:
+            ratio = mito["seconds"] / r["seconds"]
+            ok = mito["seconds"] <= target and mito["rc"] == 0 and (run != "noop" or mito["changed"] == 0)
+            absolute = f"{mito['seconds']:.0f} s = {ratio:.2f}x the linear {run} of the same run"
+            why = "" if ok else f"not adopted (an extra dependency; {ratio:.2f}x linear); over the target"
+            out.append(Figure(f"{label} with mitogen_linear (mitogen 0.3.54)", f"<= {target:.0f} s",
+                              f"{mito['seconds']:.0f} s", absolute, ok, _rel(f), why))  # fmt: skip
     out.append(_missing("converge 8 compute nodes / 2", "<= 1.5", "the 8-node lab run is not done yet"))
     return out
 
