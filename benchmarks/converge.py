@@ -3,6 +3,7 @@
 
     python benchmarks/converge.py --fresh   # lab absent -> site.yml (fresh), then site.yml again (no-op)
     python benchmarks/converge.py --fresh --strategies linear,mitogen_linear   # both, each fresh + no-op
+    python benchmarks/converge.py --fresh --compute-nodes 2,8   # the lab with 2, then 8 compute nodes
     python benchmarks/converge.py           # no-op re-converge of the running lab only (non-destructive)
 
 Each converge runs `ansible-playbook site.yml` with the ansible.posix.json stdout callback; the play recap
@@ -171,18 +172,28 @@ def main(argv: list[str] | None = None) -> int:
         help="prefix of the run names (<label>:noop, ...), e.g. a baseline of other roles measured in the "
         "same session; docs/performance.md reads the unlabelled runs only",
     )
+    parser.add_argument(
+        "--compute-nodes",
+        default="",
+        help="with --fresh: comma-separated lab compute node counts, each converged fresh + no-op in turn "
+        "(LAB_COMPUTE_NODES; runs named fresh-c<n>, noop-c<n>), e.g. 2,8 for the scale ratio",
+    )
     options = parser.parse_args(argv)
     prefix = f"{options.label}:" if options.label else ""
+    counts = [int(c) for c in options.compute_nodes.split(",") if c.strip()]
+    if counts and not options.fresh:
+        parser.error("--compute-nodes needs --fresh (each count starts from an absent lab)")
 
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     log_dir = RESULTS / f"converge-{stamp}.logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs: list[Converge] = []
     leftovers: list[str] | None = None
-    # --fresh: each strategy in turn destroys the lab, converges it fresh and then once more (no-op)
-    for strategy in options.strategies.split(","):
-        suffix = "" if strategy == "linear" else f"-{strategy}"
-        env = strategy_env(strategy)
+    # --fresh: each strategy (and node count) in turn destroys the lab, converges it fresh and then once more
+    cases = [(s, c) for s in options.strategies.split(",") for c in (counts or [None])]
+    for strategy, count in cases:
+        suffix = ("" if strategy == "linear" else f"-{strategy}") + (f"-c{count}" if count else "")
+        env = strategy_env(strategy) | ({"LAB_COMPUTE_NODES": str(count)} if count else {})
         if options.fresh:
             absent = ["playbooks/lab.yml", "-e", "state=absent"]
             runs.append(run_playbook(f"{prefix}absent{suffix}", absent, log_dir, env))
@@ -197,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "playbook": options.playbook,
         "nodes": sorted(h for h in runs[-1].per_host if h != "localhost"),
         "strategies": options.strategies.split(","),
+        "compute_nodes": counts,
         "label": options.label,
         "runs": [asdict(r) for r in runs],
         "noop_changed": runs[-1].changed,

@@ -192,8 +192,30 @@ def converge_figures() -> list[Figure]:
             why = "" if ok else f"not adopted (an extra dependency; {ratio:.2f}x linear); over the target"
             out.append(Figure(f"{label} with mitogen_linear (mitogen 0.3.54)", f"<= {target:.0f} s",
                               f"{mito['seconds']:.0f} s", absolute, ok, _rel(f), why))  # fmt: skip
-    out.append(_missing("converge 8 compute nodes / 2", "<= 1.5", "the 8-node lab run is not done yet"))
+    out.append(scale_figure())
     return out
+
+
+def scale_figure() -> Figure:
+    """Fresh converge with 8 compute nodes / with 2, from one converge run (--compute-nodes 2,8)."""
+    name, target = "fresh converge, 8 compute nodes / 2", "<= 1.5"
+    for f in sorted(RESULTS.glob("converge-*.json"), reverse=True):
+        d = json.loads(f.read_text())
+        runs = {x["name"]: x for x in d["runs"]}
+        two, eight = runs.get("fresh-c2"), runs.get("fresh-c8")
+        if two is None or eight is None:
+            continue
+        ratio = eight["seconds"] / two["seconds"]
+        per_node = (eight["seconds"] - two["seconds"]) / 6
+        ok = ratio <= 1.5 and two["rc"] == 0 and eight["rc"] == 0
+        absolute = f"{two['seconds']:.0f} s -> {eight['seconds']:.0f} s; {per_node:.1f} s per added node"
+        why = "" if ok else (
+            f"{per_node:.1f} s per added compute node on 2 cores (the nodes' installs share the host's CPUs "
+            f"and disk); slowest with 8: " + "; ".join(
+                f"{t['task']} {t['seconds']:.0f} s" for t in eight.get("slowest_tasks", [])[:2])
+        )  # fmt: skip
+        return Figure(name, target, f"{ratio:.2f}", absolute, ok, _rel(f), why)
+    return _missing(name, target, "no converge run with --compute-nodes 2,8 committed")
 
 
 def render_figure() -> Figure:
