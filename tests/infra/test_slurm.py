@@ -50,6 +50,24 @@ def test_compute_runs_slurmd_only(host: Any) -> None:
     _assert_not_enabled(host, "slurmctld")
 
 
+# What a Slurm daemon logs when it was started before its configuration was rendered (apt's start with the
+# package defaults): 24.11's configless lookup and systemd's 90 s start timeout on it, or a missing slurm.conf.
+_STARTED_UNCONFIGURED = re.compile(
+    r"fetch_config|_establish_configuration|start operation timed out|Unable to process configuration file"
+    r"|slurm\.conf.*(No such file|not found)"
+)
+
+
+@pytest.mark.groups("controller", "compute")
+def test_no_slurm_daemon_ever_started_unconfigured(host: Any) -> None:
+    """roles/slurm installs with defer_start: apt never starts slurmd or slurmctld before run.yml (a fresh
+    Debian 13 install otherwise waited 90 s per converge for slurmd's start timeout). The journal covers
+    everything since the node booted, the first converge included."""
+    log = host.check_output("journalctl --no-pager -o cat -u slurmd.service -u slurmctld.service")
+    bad = [line for line in log.splitlines() if _STARTED_UNCONFIGURED.search(line)]
+    assert not bad, bad[:5]
+
+
 def _assert_not_enabled(host: Any, unit: str) -> None:
     """Disabled, masked or not installed. testinfra's is_enabled accepts exit 0/1 only: systemd 257 (Debian
     13) answers a unit that is not installed with exit 4 and `not-found` (252 on Debian 12: exit 1)."""
