@@ -434,6 +434,8 @@ def test_rank_killed_mid_save_leaves_latest_and_the_partial_is_removed(
     assert crashed.codes[1] == ExitCode.FAILURE and crashed.codes[0] != 0, crashed.log
     assert catalog.read_latest(crashed.ckpt) == 6
     assert not catalog.is_complete(crashed.ckpt / iter_dir_name(8))
+    assert (crashed.ckpt / iter_dir_name(8)).is_dir()  # shards written, the save never completed
+    assert _wait_for_no_leftovers(crashed.tag) == []  # the surviving rank and the writers are gone too
     died = max(r.ts for r in of_event(load_run(tmp_path), "ckpt_begin", rank=1) if r.step == 8)
     again = resume(tmp_path, attempt=1)
     assert again.codes == [0, 0], again.log
