@@ -514,6 +514,155 @@ def test_node_killed_without_spare_waits_and_resumes_when_it_returns(
             _ctl("scontrol", "update", f"NodeName={held}", "State=RESUME")
 
 
+# A dedicated checkpoint filesystem inside a lab node (never the host's disk): a tmpfs mounted in the node's
+# mount namespace (`podman exec --privileged`: the node's own processes have no CAP_SYS_ADMIN), sized once
+# the first checkpoint is written so that the second one cannot fit.
+SMALL_FS = "/mnt/lcm-ckpt-small"
+FULL_DISK_HOLD_AT = 15  # after checkpoint 10, before checkpoint 20
+
+
+def _node(node: str, *argv: str, privileged: bool = False) -> subprocess.CompletedProcess[str]:
+    return _run(["podman", "exec", *(["--privileged"] if privileged else []), node, *argv])
+
+
+def _sacct_end(job: str) -> str | None:
+    """ "State|ExitCode" of the job once it has ended (None while it is pending, running or requeued)."""
+    out = _ctl("sacct", "-j", job, "-X", "-n", "-P", "-o", "State,ExitCode").stdout.strip()
+    state = out.split("|")[0] if out else ""
+    return (
+        out if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "RESIZING") else None
+    )
+
+
+@pytest.mark.lab
+def test_full_checkpoint_filesystem_on_a_node_fails_the_save_and_the_requeue_resumes(
+    matrix: Matrix, request: pytest.FixtureRequest
+) -> None:
+    """A one-node Slurm job (2 ranks) whose --save is a small tmpfs inside lab-node1 fills it during its
+    second save: the ranks exit 80 (CKPT_SAVE_FAILED) with the cause in one line, the agent passes it on and
+    the batch script does not requeue (a restart would fail the same way); sacct records 80; `latest` stays
+    on the first checkpoint, which still verifies, and the partial one is gone. Space freed (the tmpfs
+    grown, as an operator would), `scontrol requeue` resumes it from that checkpoint to the end."""
+    if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
+        pytest.skip("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
+    node = "lab-node1"
+    _wait(lambda: _node_state(node)[0] == "idle", 120, 1, f"{node} idle before the test")
+    case = Case("fulldisk")
+    cfg = case.cfg
+    cfg.update(nodes=1, name="fault-fulldisk")
+    cfg["model"] = {**cfg["model"], "pp": 1}  # 2 ranks on one node: EP=2
+    cfg["fault"] = {**cfg.get("fault", {}), "kill_node": 0}  # (the stages' drill; unused here)
+    (SHARED_HOST / "ci" / "faults-fulldisk.yml").write_text(yaml.safe_dump(cfg))
+    p = _ctl(RUNNER, "render", "-i", SPEC, "-c", "/shared/ci/faults-fulldisk.yml", "--run-dir", case.run_node)
+    assert p.returncode == 0, p.stderr
+    sbatch = case.run_host / "train_2node.sbatch"
+    text = sbatch.read_text()
+    hold = case.run_host / "hold"
+    ckpt = f"{SMALL_FS}/checkpoints"
+    for old, new in (
+        (f"--save {case.run_node}/checkpoints", f"--save {ckpt}"),
+        (f"--load {case.run_node}/checkpoints", f"--load {ckpt}"),
+        (
+            "--save-interval 10 \\\n",
+            f"--save-interval 10 \\\n    --fault-hold-at-step {FULL_DISK_HOLD_AT} \\\n"
+            f"    --fault-hold-file {case.run_node}/hold \\\n",
+        ),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    sbatch.write_text(text)
+    hold.write_text("held until the checkpoint filesystem is shrunk\n")
+    mounted = False
+    try:
+        _node(node, "mkdir", "-p", SMALL_FS)
+        p = _node(node, "mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", SMALL_FS, privileged=True)
+        assert p.returncode == 0, p.stderr
+        mounted = True
+        p = _ctl("sbatch", "--parsable", f"--nodelist={node}", case.sbatch)
+        assert p.returncode == 0, p.stderr
+        case.job = p.stdout.strip().split(";")[0]
+
+        def held() -> bool:
+            recs = case.telemetry()
+            return any(r["event"] == "ckpt_end" and r["step"] == 10 for r in recs) and any(
+                r["event"] == "step" and r["step"] == FULL_DISK_HOLD_AT - 1 for r in recs
+            )
+
+        _wait(held, 240, 0.5, f"job {case.job}: checkpoint 10 written, held before step {FULL_DISK_HOLD_AT}")
+        used_kb = int(_node(node, "du", "-sk", SMALL_FS).stdout.split()[0])
+        size_kb = used_kb + used_kb // 2  # room for half a checkpoint more
+        p = _node(node, "mount", "-o", f"remount,size={size_kb}k", SMALL_FS, privileged=True)
+        assert p.returncode == 0, p.stderr
+        hold.unlink()
+        final = _wait(lambda: _sacct_end(case.job), 240, 1, f"job {case.job} to end")
+        assert final == "FAILED|80:0", final
+        recs = case.telemetry()
+        failed = [r for r in recs if r["event"] == "ckpt_failed"]
+        begin = [r for r in recs if r["event"] == "ckpt_begin" and r["step"] == 20]
+        assert failed and failed[0]["step"] == 20 and begin, recs[-5:]
+        logs = sorted((case.run_host / "logs" / case.job).glob("rank*.log"))
+        ranks = "\n".join(f.read_text(errors="replace") for f in logs)
+        cause = ("No space left on device", "latest stays at step 10")
+        line = next((ln for ln in ranks.splitlines() if all(c in ln for c in cause)), "")
+        assert line, ranks[-3000:]
+        batch = (case.run_host / "logs" / f"slurm-{case.job}.out").read_text(errors="replace")
+        assert "agents finished: exit 80" in batch and "requeue:" not in batch, batch[-2000:]
+        listing = _node(node, "ls", ckpt).stdout.split()
+        assert _node(node, "cat", f"{ckpt}/latest_checkpointed_iteration.txt").stdout.strip() == "10"
+        assert [d for d in listing if d.startswith("iter_")] == ["iter_0000010"], listing
+        verify = _node(node, "/opt/lcm/venv/bin/lcm-runner", "ckpt", "verify", ckpt)
+        assert verify.returncode == 0 and "iter_0000010" in verify.stdout and "verified" in verify.stdout, (
+            verify.stdout + verify.stderr
+        )
+        # an operator frees space, then requeues the job: it resumes from 10 and finishes
+        p = _node(node, "mount", "-o", "remount,size=64m", SMALL_FS, privileged=True)
+        assert p.returncode == 0, p.stderr
+        t_free = time.time()
+        p = _ctl("scontrol", "requeue", case.job)
+        assert p.returncode == 0, p.stderr
+        again = _wait(lambda: _sacct_end(case.job), 300, 1, f"the requeued job {case.job} to end")
+        assert again == "COMPLETED|0:0", again
+        after = [r for r in case.telemetry() if r["ts"] > t_free]
+        resumed = [r["step"] for r in after if r["event"] == "resume"]
+        first = min((r["step"] for r in after if r["event"] == "step"), default=None)
+        assert resumed and set(resumed) == {10} and first == 11, (resumed, first)
+        assert _node(node, "cat", f"{ckpt}/latest_checkpointed_iteration.txt").stdout.strip() == str(
+            cfg["train_iters"]
+        )
+        case.metrics.update(
+            job=case.job,
+            node=node,
+            fs_kb=size_kb,
+            first_ckpt_kb=used_kb,
+            detected_s=round(failed[0]["ts"] - begin[0]["ts"], 2),
+            line=line.strip()[-300:],
+            requeue_to_first_step_s=round(next(r["ts"] for r in after if r["event"] == "step") - t_free, 2),
+        )
+        print(json.dumps(case.metrics, indent=1))
+        m = case.metrics
+        matrix.record(
+            Row(
+                fault="checkpoint filesystem full during a save, inside a lab node (Slurm job)",
+                injected=f"tmpfs inside {node} as --save, shrunk to {size_kb} KiB after the first checkpoint "
+                f"({used_kb} KiB): the second save cannot fit",
+                detected_s=m["detected_s"],
+                recovered=True,
+                downtime_s=None,
+                steps_lost=0,
+                good_ckpts_lost=0,
+                notes=f"job FAILED 80:0 in sacct (the batch script did not requeue it); latest stayed 10 and "
+                f"verifies, no partial left; space freed, `scontrol requeue` resumed from 10 (first step 11 "
+                f"{m['requeue_to_first_step_s']} s after) and COMPLETED",
+            ),
+            request,
+        )
+    finally:
+        hold.unlink(missing_ok=True)
+        case.close()
+        if mounted:
+            _node(node, "umount", "-l", SMALL_FS, privileged=True)
+
+
 # ----------------------------------------------------------------------------- no lab needed
 
 
