@@ -51,7 +51,7 @@ def test_compute_runs_slurmd_only(host: Any) -> None:
 
 
 # What a Slurm daemon logs when it was started before its configuration was rendered (apt's start with the
-# package defaults): 24.11's configless lookup and systemd's 90 s start timeout on it, or a missing slurm.conf.
+# package defaults): 24.11's configless lookup and systemd's 90 s start timeout on it, or no slurm.conf.
 _STARTED_UNCONFIGURED = re.compile(
     r"fetch_config|_establish_configuration|start operation timed out|Unable to process configuration file"
     r"|slurm\.conf.*(No such file|not found)"
