@@ -161,7 +161,10 @@ def test_cross_check_of_a_requeued_job(accounting_on: None) -> None:
     assert facts["runner_restarts"] == facts["sacct_restarts"] == 1
     assert facts["sacct_states"] == ["REQUEUED", "COMPLETED"]
     assert "1 requeue(s)" in result["summary"]
-    assert (host_dir / "accounting" / "sacct.txt").read_text().count(f"{job}|") == 2
+    # the allocation records, one per run: lines whose JobID field is the job (a bare substring count
+    # would also match a Start or End time whose seconds equal a small job id, "...T06:43:31|")
+    rows = (host_dir / "accounting" / "sacct.txt").read_text().splitlines()
+    assert [r.split("|")[2] for r in rows if r.split("|")[0] == job] == ["REQUEUED", "COMPLETED"], rows
 
     # a log claiming a third run that sacct never saw: the cross-check fails, naming the job
     with (host_dir / "logs" / f"slurm-{job}.out").open("a") as f:
