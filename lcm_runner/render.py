@@ -208,15 +208,27 @@ def sbatch_text(
     train_args: list[str] | None = None,
     nccl_profile: bool = False,
     job_name: str | None = None,
+    step_sleep_ms: int = 0,
 ) -> str:
-    """The batch script of one launch of `cfg`; `train_args` default to the run config's full training."""
+    """The batch script of one launch of `cfg`; `train_args` default to the run config's full training.
+    step_sleep_ms > 0 stretches every step (the trainer's --fault-sleep-ms): faults injected by hand or by a
+    test land mid-run on a tiny CPU model."""
     problems = check(cluster, cfg)
     if problems:
         raise RenderError("the run config does not fit the cluster spec:\n  - " + "\n  - ".join(problems))
+    if step_sleep_ms < 0:
+        raise RenderError(f"--step-sleep-ms must be >= 0, not {step_sleep_ms}")
+    if step_sleep_ms and cfg.workload.foreign:
+        raise RenderError(
+            f"--step-sleep-ms: a {cfg.workload.kind} workload runs the user's own trainer, "
+            "which has no step sleep"
+        )
     run_dir = run_dir.resolve()
     ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
     if train_args is None:
         train_args = cfg.to_train_args(str(ckpt), telemetry_dir=str(run_dir / "telemetry"))
+    if step_sleep_ms:
+        train_args = [*train_args, "--fault-sleep-ms", str(step_sleep_ms)]
     spec = job_spec(cfg, name=cfg.name, run_dir=run_dir, train_args=train_args, python=cfg.python)
     return sbatch_for(cluster, spec, nccl_profile=nccl_profile, job_name=job_name)
 
@@ -314,9 +326,12 @@ def render_run(
     *,
     nccl_profile: bool = False,
     train_args: list[str] | None = None,
+    step_sleep_ms: int = 0,
 ) -> Rendered:
     """Write nccl_env.sh and the sbatch into run_dir (created with logs/, telemetry/, nccl/)."""
-    sbatch = sbatch_text(cluster, cfg, run_dir, train_args=train_args, nccl_profile=nccl_profile)
+    sbatch = sbatch_text(
+        cluster, cfg, run_dir, train_args=train_args, nccl_profile=nccl_profile, step_sleep_ms=step_sleep_ms
+    )
     debug = "INFO" if nccl_profile else cfg.nccl.debug
     env_text = nccl_env_text(cluster, debug, cfg.nccl.extra_env)
     run_dir = run_dir.resolve()
@@ -349,6 +364,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--runs-root", default="runs", help="create runs-root/<UTC stamp>-<name>/ (default runs)"
     )
     p.add_argument("--nccl-profile", action="store_true", help="NCCL_DEBUG=INFO, logs into <run_dir>/nccl/")
+    p.add_argument(
+        "--step-sleep-ms",
+        type=int,
+        default=0,
+        help="slow each step down (the project's trainer on a tiny CPU model) so faults land mid-run",
+    )
     p.set_defaults(func=run_cli)
     return p
 
@@ -360,7 +381,7 @@ def run_cli(ns: argparse.Namespace) -> int:
         cfg = load_run_config(ns.config)
         cluster = load_cluster(ns.inventory)
         run_dir = Path(ns.run_dir) if ns.run_dir else new_run_dir(ns.runs_root, cfg.name)
-        out = render_run(cluster, cfg, run_dir, nccl_profile=ns.nccl_profile)
+        out = render_run(cluster, cfg, run_dir, nccl_profile=ns.nccl_profile, step_sleep_ms=ns.step_sleep_ms)
     except (ConfigError, SpecInvalid, RenderError) as exc:
         print(f"render: {exc}", file=sys.stderr)
         return 2

@@ -313,3 +313,24 @@ def test_lcm_agent_sbatch_marks_lost_nodes_down(tmp_path: Path) -> None:
     assert "export LCM_NODE_LOST_DOWN=1" in lab
     ref = render.render_run(_cluster(LAB), _cfg("lab.yml", agent="torchrun"), tmp_path / "t").sbatch
     assert "LCM_NODE_LOST_DOWN" not in ref.read_text()
+
+
+def test_cli_render_step_sleep_reaches_the_trainer_and_bad_values_are_refused(tmp_path: Path) -> None:
+    from lcm_runner.launch import agent
+    from lcm_runner.train.args import parse_args
+
+    base = ["-i", str(LAB), "-c", str(ROOT / "configs" / "lab.yml")]
+    assert render.main([*base, "--run-dir", str(tmp_path / "s"), "--step-sleep-ms", "300"]) == 0
+    argv, rc = _run_node_function(tmp_path / "s" / "train_2node.sbatch", tmp_path, 0)
+    assert rc == 0
+    rest = agent.build_parser().parse_args(argv[2:]).train_args
+    targs = parse_args(rest[1:] if rest[:1] == ["--"] else rest)
+    assert targs.fault_sleep_ms == 300 and targs.train_iters == 30  # the run config's training, paced
+    assert render.main([*base, "--run-dir", str(tmp_path / "n")]) == 0
+    argv, _ = _run_node_function(tmp_path / "n" / "train_2node.sbatch", tmp_path, 0)
+    assert "--fault-sleep-ms" not in argv
+    assert render.main([*base, "--run-dir", str(tmp_path / "neg"), "--step-sleep-ms", "-1"]) == 2
+    assert not (tmp_path / "neg" / "train_2node.sbatch").exists()
+    foreign = ["-i", str(LAB), "-c", str(ROOT / "configs" / "lab-megatron.yml")]
+    assert render.main([*foreign, "--run-dir", str(tmp_path / "m"), "--step-sleep-ms", "5"]) == 2
+    assert not (tmp_path / "m" / "train_2node.sbatch").exists()
