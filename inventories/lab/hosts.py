@@ -84,6 +84,9 @@ def build(settings: dict[str, str], ssh_dir: Path) -> dict:
             "ansible_ssh_private_key_file": str(ssh_dir / "id_ed25519"),
             "ansible_ssh_common_args": ssh_args,
         }
+        # Slurm reaches every node and the controller by address: podman's DNS forgets a killed container, and
+        # answered lookups slowly while a container was being disconnected (docs/scheduler.md#node-addresses)
+        hostvars[name]["slurm_node_addr"] = ip
     return {
         "_meta": {"hostvars": hostvars},
         "all": {"children": ["ungrouped", "lab_host", "cluster"]},

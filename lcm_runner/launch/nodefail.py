@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from lcm_runner.spec.hostlist import expand
+
 ENABLE_ENV = "LCM_NODE_LOST_DOWN"
 PORT_ENV = "LCM_SLURMD_PORT"  # the slurmd port probed before a node is marked down (SlurmdPort)
 REASON_PREFIX = "lcm:"  # the watchdog returns nodes with this reason to service; keep them in step
@@ -96,6 +98,33 @@ def controller_addr(conf: str | None = None) -> tuple[str, int] | None:
     return (host, port) if host else None
 
 
+def node_addr(host: str, conf: str | None = None) -> str | None:
+    """The NodeAddr slurm.conf gives `host` (NodeName=<names> NodeAddr=<addrs>, ranges paired in order),
+    read from the local file; None without one (the name is then probed). Probing the address, not the
+    name, keeps a name lookup out of the probe: a DNS that forgets a dead or cut-off node (the lab's podman
+    network) answers slowly or not at all."""
+    path = Path(conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = {}
+        for word in line.split("#", 1)[0].split():
+            key, sep, value = word.partition("=")
+            if sep:
+                fields[key.lower()] = value
+        if "nodename" not in fields or "nodeaddr" not in fields:
+            continue
+        try:
+            names, addrs = expand(fields["nodename"]), expand(fields["nodeaddr"])
+        except ValueError:  # HostlistError included
+            continue
+        if host in names and len(addrs) == len(names):
+            return addrs[names.index(host)]
+    return None
+
+
 def reason_text(detail: str, job: str, node_rank: int, seen_by: str) -> str:
     where = f"job {job}, node rank {node_rank}, seen by {seen_by}"
     return f"{REASON_PREFIX} agent heartbeat lost: {detail} ({where})"[:_REASON_MAX]
@@ -110,6 +139,7 @@ def mark_lost(
     probe: Callable[[str, int, float], bool] = reachable,
     probe_s: float = 0.5,
     controller: Callable[[str | None], tuple[str, int] | None] = controller_addr,
+    address: Callable[[str, str | None], str | None] = node_addr,
     timeout: float = 5.0,
 ) -> dict[str, Any] | None:
     """Mark the job's node `node_rank` DOWN (when enabled and the node does not answer).
@@ -134,7 +164,10 @@ def mark_lost(
             out.update(action="self", ok=True)
             return out
         port = int(env.get(PORT_ENV) or DEFAULT_SLURMD_PORT)
-        if probe(host, port, probe_s):
+        target = address(host, None) or host
+        if target != host:
+            out["addr"] = target
+        if probe(target, port, probe_s):
             # the node answers: only its agent is gone; Slurm sees that task end without help
             out.update(action="alive", ok=True)
             return out

@@ -182,6 +182,9 @@ def test_node_definition_matches_hardware(host: Any) -> None:
     assert conf["CoresPerSocket"] == detected["CoresPerSocket"]
     assert conf["ThreadsPerCore"] == detected["ThreadsPerCore"]
     assert 0 < int(conf["RealMemory"]) < int(detected["RealMemory"])
+    # NodeAddr: the inventory's slurm_node_addr (the lab: the node's address), else Slurm uses the name
+    want = host.ansible.get_variables().get("slurm_node_addr") or detected["NodeName"]
+    assert conf["NodeAddr"] == want
     gpu = cluster_spec(host)["gpu"]
     if int(gpu["count_per_node"]):
         assert f"gpu:{gpu['gres_type']}:{gpu['count_per_node']}" in conf["Gres"]

@@ -43,6 +43,8 @@ def test_addresses_are_fixed_and_inside_the_subnet() -> None:
     assert "UserKnownHostsFile=/x/.lab/ssh/known_hosts" in hv["lab-node3"]["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in hv["lab-node3"]["ansible_ssh_common_args"]
     assert hv["localhost"]["ansible_connection"] == "local"
+    # every host gives Slurm its address (NodeAddr, SlurmctldHost=name(addr)): podman's DNS forgets names
+    assert [hv[n]["slurm_node_addr"] for n in ["lab-ctl"] + [f"lab-node{i}" for i in range(1, 6)]] == ips
 
 
 @pytest.mark.parametrize(

@@ -88,6 +88,29 @@ def test_production_defaults_and_gpu_nodes() -> None:
     ]
 
 
+def test_node_addresses_where_hosts_give_one() -> None:
+    v = _vars(_h200(), slurm_node_slots="gpu[01-04]")
+    v["hostvars"]["gpu01"]["slurm_node_addr"] = "10.0.0.1"
+    v["hostvars"]["gpu02"]["slurm_node_addr"] = "10.0.0.2"
+    v["hostvars"]["gpu03"] = {**_facts("gpu03", 224, 2, 56, 2, 2_000_000), "slurm_node_addr": "10.0.0.3"}
+    v["groups"]["compute"].append("gpu03")
+    v["slurm_joining_nodes"] = ["gpu03"]  # joining: a FUTURE line, with its address already
+    hw = "CPUs=224 Sockets=2 CoresPerSocket=56 ThreadsPerCore=2 "
+    hw += f"RealMemory={2_000_000 - 2048} Gres=gpu:h200:8"
+    assert _conf(render("slurm", "slurm.conf.j2", v))["nodename"] == [
+        f"NodeName=gpu01 NodeAddr=10.0.0.1 {hw} State=UNKNOWN",
+        f"NodeName=gpu02 NodeAddr=10.0.0.2 {hw} State=UNKNOWN",
+        f"NodeName=gpu03 NodeAddr=10.0.0.3 {hw} State=FUTURE",
+        f"NodeName=gpu04 {hw} State=FUTURE",  # a free slot: no host, no address
+    ]
+    assert _conf(render("slurm", "slurm.conf.j2", v))["slurmctldhost"] == ["SlurmctldHost=ctl"]
+    v["hostvars"]["ctl"]["slurm_node_addr"] = "10.0.0.100"  # the controller: name(addr)
+    assert _conf(render("slurm", "slurm.conf.j2", v))["slurmctldhost"] == ["SlurmctldHost=ctl(10.0.0.100)"]
+    v["hostvars"]["gpu02"]["slurm_node_addr"] = ""  # "" (the role default): the name is resolved
+    nodes = _conf(render("slurm", "slurm.conf.j2", v))["nodename"]
+    assert f"NodeName=gpu02 {hw} State=UNKNOWN" in nodes
+
+
 def test_realmemory_reserve_is_configurable() -> None:
     conf = _conf(render("slurm", "slurm.conf.j2", _vars(LAB, slurm_realmemory_reserve_mb=10_000)))
     assert f"RealMemory={2_000_000 - 10_000}" in conf["nodename"][0]
@@ -281,6 +304,32 @@ def test_joining_or_leaving_a_slot_is_a_reconfigure(before: dict, after: dict, r
     new = render("slurm", "slurm.conf.j2", _vars(spec, **after))
     assert old != new
     assert slurm_conf_filter.slurm_restart_keys_changed(old, new, RESTART_KEYS) == restart
+
+
+def test_node_addresses_join_and_leave_by_reconfigure_and_a_moved_one_restarts() -> None:
+    spec = _slots(_h200(), "gpu[01-04]")
+
+    def conf(addr: dict[str, str], **extra: Any) -> str:
+        v = _vars(spec, **extra)
+        v["hostvars"]["gpu03"] = _facts("gpu03", 224, 2, 56, 2, 2_000_000)
+        for host, a in addr.items():
+            v["hostvars"][host]["slurm_node_addr"] = a
+        if "gpu03" in addr:
+            v["groups"]["compute"].append("gpu03")
+        return render("slurm", "slurm.conf.j2", v)
+
+    two = {"gpu01": "10.0.0.1", "gpu02": "10.0.0.2"}
+    three = {**two, "gpu03": "10.0.0.3"}
+    free = conf(two)  # gpu03 a free slot: FUTURE, no address
+    joining = conf(three, slurm_joining_nodes=["gpu03"])  # FUTURE with its address
+    joined = conf(three)  # in service
+    assert "NodeName=gpu03 NodeAddr=10.0.0.3" in joining and "NodeAddr=10.0.0.3" not in free
+    for old, new in [(free, joining), (joining, joined), (joined, joining), (joining, free)]:
+        assert slurm_conf_filter.slurm_restart_keys_changed(old, new, RESTART_KEYS) == []
+    moved = conf({**three, "gpu02": "10.0.0.22"})
+    assert slurm_conf_filter.slurm_restart_keys_changed(joined, moved, RESTART_KEYS) == ["NodeName"]
+    unaddressed = conf({**three, "gpu02": ""})
+    assert slurm_conf_filter.slurm_restart_keys_changed(joined, unaddressed, RESTART_KEYS) == ["NodeName"]
 
 
 def test_a_name_outside_the_slots_changes_the_node_table_and_needs_a_restart() -> None:

@@ -18,6 +18,14 @@
 # it runs `scontrol update NodeName=<me> State=RESUME`: slurmctld pings the node at once and it is
 # idle a moment later. Reasons of an administrator, drains and other states are left alone.
 #
+# Before the resume it kills every slurmstepd left on the node (and removes their spool sockets and batch
+# directories): a DOWN
+# node runs no job, so these are steps of runs Slurm already ended, kept by a node cut off while it ran
+# them (they retry their step completion once a minute). A requeued job keeps its id and its step ids
+# start at 0 again: when it lands on the returning node, such a leftover `<job>.0` ends the new run's step
+# 0 there (seen on the lab, Slurm 22.05: the new step killed 1.7 s after its launch, the job FAILED 137;
+# docs/scheduler.md). It then restarts slurmd, which still counts such a run's batch job as launched.
+#
 # Usage: lcm-node-watchdog.sh [--once] [CONF]   (default /etc/slurm/lcm-node-watchdog.conf; env LCM_WD_CONF)
 set -u
 
@@ -32,12 +40,42 @@ if [[ -r "$conf" ]]; then
     source "$conf"
 fi
 : "${LCM_WD_INTERVAL_S:=10}" "${LCM_WD_HOLDDOWN_S:=60}" "${LCM_WD_TIMEOUT_S:=10}" "${LCM_WD_NODE:=}"
-: "${LCM_WD_SETTLE_S:=10}"
+: "${LCM_WD_SETTLE_S:=10}" "${LCM_WD_SPOOL:=/var/lib/slurm/slurmd}"
 : "${LCM_WD_HEALTHCHECK:=/etc/slurm/lcm-healthcheck.sh}" "${LCM_WD_HEALTHCHECK_CONF:=/etc/slurm/lcm-healthcheck.conf}"
 node="${LCM_WD_NODE:-$(hostname -s)}"
 
 log() { echo "lcm-node-watchdog: $*"; }
 
+kill_stale_steps() {
+    local stale i found=0
+    stale="$(pgrep -a -f '^slurmstepd: \[' | tr '\n' ';')"
+    if [[ -n "$stale" ]]; then
+        found=1
+        log "killing the steps left on $node before its return: $stale"
+        pkill -KILL -f '^slurmstepd: \['
+        for ((i = 0; i < 20; i++)); do
+            pgrep -f '^slurmstepd: \[' >/dev/null || break
+            sleep 0.25
+        done
+    fi
+    # what a killed (or crashed) stepd leaves in slurmd's spool: its sockets, and a batch step's
+    # job<id> directory, whose slurm_script makes the next batch launch of that job id here fail
+    # ("File exists", slurmstepd 4010: the requeued job is then held)
+    local -a left=()
+    mapfile -t left < <(find "$LCM_WD_SPOOL" -mindepth 1 -maxdepth 1 \( -name "${node}_[0-9]*" -o -name 'job[0-9]*' \) 2>/dev/null)
+    if ((${#left[@]})); then
+        found=1
+        log "removing from $LCM_WD_SPOOL: ${left[*]##*/}"
+        rm -rf -- "${left[@]}"
+    fi
+    # slurmd still counts the killed batch job as launched here (it never got that run's termination: the
+    # node was cut off): the requeued job landing here again would fail as a "Duplicate jobid" and drain
+    # the node. A restarted slurmd starts from nothing and registers at once.
+    if ((found)); then
+        log "restarting slurmd on $node (forgets the steps it ran)"
+        systemctl restart slurmd || log "could not restart slurmd"
+    fi
+}
 check_once() {
     local line state when reason since age
     # unreachable controller (still partitioned): nothing to decide, try again next round
@@ -79,6 +117,7 @@ check_once() {
         log "$node is $state ($reason), the controller answers, but the health check fails: left out"
         return 0
     fi
+    kill_stale_steps
     if timeout "$LCM_WD_TIMEOUT_S" scontrol update NodeName="$node" State=RESUME 2>/dev/null; then
         log "resumed $node (was $state: $reason)"
     else

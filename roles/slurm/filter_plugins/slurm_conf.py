@@ -18,6 +18,10 @@ from lcm_runner.spec.hostlist import compress, expand
 # NodeName line is applied by `scontrol reconfigure` (measured on Slurm 22.05: FUTURE <-> UNKNOWN/DRAIN
 # transitions keep every other node and job as they are; docs/nodes.md).
 _STATE_KEYS = ("state", "reason")
+# A node's address (NodeAddr=, the host variable slurm_node_addr): part of the node table only for a node in
+# service; a FUTURE line gets or loses it as a host joins (FUTURE with its address, then in service) or
+# leaves the inventory, which `scontrol reconfigure` applies like the state change itself.
+_ADDR_KEY = "nodeaddr"
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -57,7 +61,7 @@ def node_table(lines: list[str]) -> list[str]:
             words = shlex.split(line)
         except ValueError:
             words = line.split()
-        kept = [w for w in words if w.split("=", 1)[0].lower() not in _STATE_KEYS]
+        kept = [w for w in words if w.split("=", 1)[0].lower() not in (*_STATE_KEYS, _ADDR_KEY)]
         if not kept or not kept[0].lower().startswith("nodename="):
             table.append(" ".join(kept))
             continue
@@ -69,6 +73,25 @@ def node_table(lines: list[str]) -> list[str]:
             names = [expr]
         table += [f"{key}={n} {rest}".rstrip() for n in names]
     return sorted(table)
+
+
+def node_addrs(lines: list[str]) -> dict[str, str]:
+    """Node name -> its NodeAddr ("" without one), for the nodes whose line is not State=FUTURE."""
+    addrs: dict[str, str] = {}
+    for line in lines:
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            words = line.split()
+        fields = {w.split("=", 1)[0].lower(): w.split("=", 1)[1] for w in words if "=" in w}
+        if "nodename" not in fields or fields.get("state", "").upper() == "FUTURE":
+            continue
+        try:
+            names = expand(fields["nodename"])
+        except ValueError:
+            names = [fields["nodename"]]
+        addrs.update(dict.fromkeys(names, fields.get(_ADDR_KEY, "")))
+    return addrs
 
 
 def slurm_node_lines(rows: Iterable[Any]) -> list[str]:
@@ -119,8 +142,9 @@ def slurm_hostlist_compress(names: Iterable[str]) -> str:
 def slurm_restart_keys_changed(old: str, new: str, keys: Iterable[str]) -> list[str]:
     """Names of the restart-only keys whose lines differ between two slurm.conf texts.
 
-    NodeName lines are compared as the node table (names and hardware, not State/Reason), so a node moving
-    between FUTURE and in service is a reconfigure. An empty old text (first install) counts as every
+    NodeName lines are compared as the node table (names and hardware, not State/Reason/NodeAddr), so a node
+    moving between FUTURE and in service is a reconfigure; a changed NodeAddr of a node in service before and
+    after is a restart. An empty old text (first install) counts as every
     present key changed.
     """
     old_entries = slurm_conf_entries(old or "")
@@ -130,7 +154,11 @@ def slurm_restart_keys_changed(old: str, new: str, keys: Iterable[str]) -> list[
         k = key.lower()
         before, after = old_entries.get(k, []), new_entries.get(k, [])
         if k == "nodename":
-            if node_table(before) != node_table(after):
+            was, now = node_addrs(before), node_addrs(after)
+            moved = [
+                n for n in was.keys() & now.keys() if was[n] != now[n]
+            ]  # an address of a node in service
+            if node_table(before) != node_table(after) or moved:
                 changed.append(key)
         elif before != after:
             changed.append(key)
