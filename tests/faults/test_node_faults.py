@@ -17,13 +17,11 @@ node back to idle after `podman start` / the network came back. Each case writes
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -31,299 +29,35 @@ from typing import Any
 import pytest
 import yaml
 from faultmatrix import Matrix, Row
+from labnodes import (
+    FORCED,
+    LAB,
+    NETWORK,
+    NODE_BACK_MAX_S,
+    PARTITION_S,
+    RUNNER,
+    SHARED_HOST,
+    SPEC,
+    Case,
+    ctl,
+    lab_nodes,
+    net_identity,
+    node_state,
+    reconnect_argv,
+    run,
+    victim_and_spare,
+    wait,
+    wait_idle,
+)
 
 from lcm_runner.launch import nodefail
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = Path(os.environ.get("LCM_LAB_DIR", ROOT / ".lab"))
-SHARED_HOST = LAB / "shared"
-CTL = os.environ.get("LCM_LAB_CONTROLLER", "lab-ctl")
-RUNNER = os.environ.get("LCM_LAB_RUNNER", "/opt/lcm/venv/bin/lcm-runner")
-SPEC = os.environ.get("LCM_LAB_SPEC", "/opt/lcm/cluster.yml")
-NETWORK = os.environ.get("LCM_LAB_NETWORK", "lcm-lab")
-PARTITION_S = float(os.environ.get("LCM_FAULT_PARTITION_S", "60"))
-FORCED = os.environ.get("LCM_LAB") == "1"
-WATCHDOG = ROOT / "roles" / "slurm" / "files" / "lcm-node-watchdog.sh"
-
-HB_SLACK_S = 2.5  # detection <= hb_timeout_s + one heartbeat interval + the store poll, on a busy host
-FIRST_STEP_MAX_S = 30.0  # node gone -> first new step of the requeued job
-NODE_BACK_MAX_S = 60.0  # node reachable again -> idle in Slurm
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _run(argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _net_identity(node: str) -> tuple[str, str]:
-    """The node's address and MAC on the lab network: a reconnect keeps both, as a re-plugged cable
-    does (a new MAC would leave the peers' neighbour caches pointing at the old one: seconds of stalls
-    on the first connections, which real nodes do not see)."""
-    fmt = '{{(index .NetworkSettings.Networks "' + NETWORK + '").IPAddress}}|'
-    fmt += '{{(index .NetworkSettings.Networks "' + NETWORK + '").MacAddress}}'
-    ip, _, mac = _run(["podman", "inspect", node, "--format", fmt]).stdout.strip().partition("|")
-    return ip, mac
-
-
-def reconnect_argv(node: str, ip: str, mac: str) -> list[str]:
-    return [
-        "podman",
-        "network",
-        "connect",
-        "--ip",
-        ip,
-        *(["--mac-address", mac] if mac else []),
-        NETWORK,
-        node,
-    ]
-
-
-def _ctl(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return _run(["podman", "exec", CTL, *argv], timeout)
-
-
-def _node_state(node: str) -> tuple[str, str]:
-    out = _ctl("sinfo", "-h", "-N", "-n", node, "-o", "%T|%E").stdout.strip().splitlines()
-    state, _, reason = (out[0] if out else "|").partition("|")
-    return state, reason
-
-
-def _wait(pred: Any, timeout: float, every: float = 0.5, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line being written
-    return out
-
-
-# Runs inside lab-ctl for at most `dur` s: one JSON line per change of the job's state, restart count,
-# node list or step list (0.2 s cadence), so the host learns the times without a podman exec per poll.
-_POLLER = textwrap.dedent(
-    """
-    import json, re, subprocess, sys, time
-    job, dur = sys.argv[1], float(sys.argv[2])
-    end, last = time.time() + dur, None
-    while time.time() < end:
-        t = time.time()
-        out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-        f = {}
-        for k, v in re.findall(r"(\\w+)=(\\S*)", out):
-            f.setdefault(k, v)
-        steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True,
-                               text=True).stdout.split()
-        steps = [s for s in steps if s.rsplit(".", 1)[-1].isdigit()]
-        cur = (f.get("JobState"), f.get("Restarts"), f.get("NodeList"), tuple(steps))
-        if cur != last:
-            print(json.dumps({"ts": t, "state": cur[0], "restarts": int(cur[1] or 0), "nodes": cur[2],
-                              "steps": steps, "reason": f.get("Reason")}), flush=True)
-            last = cur
-        if f.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-            break
-        time.sleep(0.2)
-    """
-)
-
-
-class Case:
-    """One training job on the lab and what happens to it around one fault."""
-
-    def __init__(self, name: str, train_iters: int = 60) -> None:
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        self.name = name
-        self.run_rel = f"runs/faults/{stamp}-{name}"
-        self.run_host = SHARED_HOST / self.run_rel
-        self.run_node = f"/shared/{self.run_rel}"
-        cfg = yaml.safe_load((ROOT / "configs" / "lab.yml").read_text())
-        cfg["name"] = f"fault-{name}"
-        cfg["train_iters"] = train_iters
-        self.cfg = cfg
-        conf_dir = SHARED_HOST / "ci"
-        conf_dir.mkdir(parents=True, exist_ok=True)
-        (conf_dir / f"faults-{name}.yml").write_text(yaml.safe_dump(cfg))
-        p = _ctl(
-            RUNNER, "render", "-i", SPEC, "-c", f"/shared/ci/faults-{name}.yml", "--run-dir", self.run_node
-        )
-        assert p.returncode == 0, p.stderr
-        self.sbatch = f"{self.run_node}/train_2node.sbatch"
-        assert "LCM_NODE_LOST_DOWN=1" in (self.run_host / "train_2node.sbatch").read_text()
-        self.job = ""
-        self.poller: subprocess.Popen[str] | None = None
-        self.poll_log = self.run_host / "poller.jsonl"
-        self.metrics: dict[str, Any] = {"case": name}
-
-    def submit(self) -> str:
-        p = _ctl("sbatch", "--parsable", self.sbatch)
-        assert p.returncode == 0, p.stderr
-        self.job = p.stdout.strip().split(";")[0]
-        fh = self.poll_log.open("w")
-        self.poller = subprocess.Popen(
-            ["podman", "exec", CTL, "python3", "-c", _POLLER, self.job, "400"],
-            stdout=fh,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        return self.job
-
-    def polled(self) -> list[dict[str, Any]]:
-        return _jsonl(self.poll_log)
-
-    def nodes(self) -> list[str]:
-        for rec in reversed(self.polled()):
-            if rec["state"] == "RUNNING" and rec["nodes"] not in (None, "", "(null)"):
-                return _ctl("scontrol", "show", "hostnames", rec["nodes"]).stdout.split()
-        return []
-
-    def telemetry(self, rank: int = 0) -> list[dict[str, Any]]:
-        recs = _jsonl(self.run_host / "telemetry" / f"rank{rank}.jsonl")
-        return [r for r in recs if str(r.get("job")) == self.job]
-
-    def agent_events(self, node_rank: int) -> list[dict[str, Any]]:
-        return _jsonl(self.run_host / "agents" / self.job / f"node{node_rank}.jsonl")
-
-    def wait_mid_run(self, timeout: float = 240) -> int:
-        """Until the first checkpoint is complete and two more steps ran; returns that checkpoint step."""
-        save = int(self.cfg["save_interval"])
-
-        def ready() -> int | None:
-            recs = self.telemetry()
-            ck = [r["step"] for r in recs if r["event"] == "ckpt_end" and r["step"] >= save]
-            st = [r["step"] for r in recs if r["event"] == "step"]
-            if ck and st and max(st) >= min(ck) + 2 and max(st) < min(ck) + save - 3:
-                return min(ck)
-            if ck and st and max(st) >= min(ck) + save - 3:
-                return -1  # too late for this window; the caller waits for none other
-            return None
-
-        got = _wait(ready, timeout, 0.1, f"job {self.job}: checkpoint {save} and two more steps")
-        assert got > 0, "the run raced past the kill window (steps too fast?)"
-        return got
-
-    def last_ckpt_before(self, t: float) -> int:
-        return max(r["step"] for r in self.telemetry() if r["event"] == "ckpt_end" and r["ts"] < t)
-
-    def after_fault(self, t0: float, victim: str, survivors: list[str], spare: str) -> None:
-        """The assertions both cases share; fills self.metrics."""
-        m = self.metrics
-        hb = float(self.cfg["hb_timeout_s"])
-
-        def first_new_step() -> dict[str, Any] | None:
-            recs = self.telemetry()
-            resumed = [r for r in recs if r["event"] == "resume" and r["ts"] > t0]
-            if not resumed:
-                return None
-            steps = [r for r in recs if r["event"] == "step" and r["ts"] > resumed[0]["ts"]]
-            return {"resume": resumed[0], "step": steps[0]} if steps else None
-
-        got = _wait(first_new_step, 180, 0.2, f"job {self.job}: the first step after the requeue")
-        ev0 = self.agent_events(0)
-        lost = [e for e in ev0 if e["event"] == "node_lost" and e["ts"] > t0]
-        down = [e for e in ev0 if e["event"] == "node_down" and e["ts"] > t0]
-        polled = self.polled()
-        gone = [r for r in polled if r["ts"] > t0 and not r["steps"]]
-        requeued = [r for r in polled if r["ts"] > t0 and r["restarts"] >= 1]
-        running = [r for r in polled if r["ts"] > t0 and r["restarts"] >= 1 and r["state"] == "RUNNING"]
-        m.update(
-            job=self.job,
-            victim=victim,
-            detect_s=round(lost[0]["ts"] - t0, 2) if lost else None,
-            node_down_s=round(down[0]["ts"] - t0, 2) if down else None,
-            node_down=down[0] if down else None,
-            step_ended_s=round(gone[0]["ts"] - t0, 2) if gone else None,
-            requeue_s=round(requeued[0]["ts"] - t0, 2) if requeued else None,
-            restarted_s=round(running[0]["ts"] - t0, 2) if running else None,
-            first_new_step_s=round(got["step"]["ts"] - t0, 2),
-            first_new_step=got["step"]["step"],
-            resumed_from=got["resume"]["step"],
-            last_ckpt=self.last_ckpt_before(t0),
-        )
-        print(json.dumps(m, indent=1))
-        assert lost, f"no node_lost event of the survivor after the fault: {ev0[-5:]}"
-        assert m["detect_s"] <= hb + HB_SLACK_S, m
-        assert down and down[0]["action"] == "down" and down[0]["ok"], down
-        assert down[0]["node"] == victim, down
-        assert requeued and gone, polled
-        assert m["first_new_step"] == m["last_ckpt"] + 1 == m["resumed_from"] + 1, m
-        assert m["first_new_step_s"] <= FIRST_STEP_MAX_S, m
-        new_nodes = self.nodes()
-        m["nodes_after"] = new_nodes
-        assert victim not in new_nodes and spare in new_nodes and set(survivors) <= set(new_nodes), new_nodes
-        state, reason = _node_state(victim)
-        m["victim_state"] = f"{state}: {reason}"
-        assert state.startswith("down") and reason.startswith(nodefail.REASON_PREFIX), (state, reason)
-        for s in survivors:  # the partitioned side could not reach the controller: nobody else is down
-            assert not _node_state(s)[0].startswith(("down", "drain")), (s, _node_state(s))
-
-    def wait_done(self, timeout: float = 300) -> None:
-        def ended() -> str | None:
-            states = [r["state"] for r in self.polled()]
-            return states[-1] if states and states[-1] in ("COMPLETED", "FAILED", "CANCELLED") else None
-
-        assert _wait(ended, timeout, 1, f"job {self.job} to end") == "COMPLETED"
-
-    def close(self) -> None:
-        if self.job:
-            _ctl("scancel", self.job)
-        if self.poller is not None:
-            self.poller.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.poller.wait(10)
-        out = SHARED_HOST / "runs" / "faults" / f"{self.name}-{self.job}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.metrics, indent=1, default=str))
-
-
-def _wait_idle(node: str, timeout: float) -> float:
-    t0 = time.monotonic()
-    _wait(lambda: _node_state(node)[0] == "idle", timeout, 0.5, f"{node} idle")
-    return time.monotonic() - t0
-
-
-def _compute_nodes() -> list[str]:
-    return sorted(_ctl("sinfo", "-h", "-N", "-o", "%N").stdout.split())
+WATCHDOG = Path(__file__).resolve().parents[2] / "roles" / "slurm" / "files" / "lcm-node-watchdog.sh"
 
 
 @pytest.fixture(scope="module")
 def lab() -> list[str]:
-    def unavailable(why: str) -> None:
-        if FORCED:
-            pytest.fail(f"LCM_LAB=1 but {why}")
-        pytest.skip(why)
-
-    if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
-        unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
-    if _ctl("sinfo", "-h").returncode != 0:
-        unavailable("Slurm does not answer on the lab controller")
-    if _ctl("test", "-x", RUNNER).returncode != 0:
-        unavailable(f"{RUNNER} is not installed on {CTL} (playbooks/runner.yml)")
-    nodes = sorted(set(_compute_nodes()))
-    if len(nodes) < 3:
-        unavailable(f"needs 3 compute nodes (a spare), the lab has {nodes} (LAB_COMPUTE_NODES=3)")
-    for n in nodes:
-        _wait(lambda n=n: _node_state(n)[0] == "idle", 120, 1, f"{n} idle before the test")
-    return nodes
-
-
-def _victim_and_spare(case: Case, nodes: list[str]) -> tuple[str, list[str], str]:
-    running = _wait(case.nodes, 240, 0.5, f"job {case.job} running")
-    assert len(running) == 2, running
-    spare = next(n for n in nodes if n not in running)
-    return running[1], [running[0]], spare  # node rank 1 (node 0 hosts the agents' store)
+    return lab_nodes(3)
 
 
 # ----------------------------------------------------------------------------- lab tests
@@ -337,19 +71,19 @@ def test_node_killed_requeues_on_spare_and_node_returns(
     victim = ""
     try:
         case.submit()
-        victim, survivors, spare = _victim_and_spare(case, lab)
+        victim, survivors, spare = victim_and_spare(case, lab)
         case.wait_mid_run()
         t0 = time.time()
-        p = _run(["podman", "kill", "--signal", "KILL", victim])
+        p = run(["podman", "kill", "--signal", "KILL", victim])
         assert p.returncode == 0, p.stderr
         case.after_fault(t0, victim, survivors, spare)
         case.wait_done()
         # the node comes back: container start -> systemd -> munge, slurmd (registers: ReturnToService=2)
         t2 = time.time()
-        assert _run(["podman", "start", victim]).returncode == 0
-        back = _wait_idle(victim, NODE_BACK_MAX_S + 30)
+        assert run(["podman", "start", victim]).returncode == 0
+        back = wait_idle(victim, NODE_BACK_MAX_S + 30)
         case.metrics["start_to_idle_s"] = round(time.time() - t2, 2)
-        assert _run(["podman", "exec", victim, "test", "-w", "/shared/checkpoints"]).returncode == 0
+        assert run(["podman", "exec", victim, "test", "-w", "/shared/checkpoints"]).returncode == 0
         assert back <= NODE_BACK_MAX_S, case.metrics
         m = case.metrics
         matrix.record(
@@ -370,7 +104,7 @@ def test_node_killed_requeues_on_spare_and_node_returns(
     finally:
         case.close()
         if victim:  # an assertion failed before the node was started again
-            _run(["podman", "start", victim])
+            run(["podman", "start", victim])
 
 
 @pytest.mark.lab
@@ -381,13 +115,13 @@ def test_partition_requeues_and_node_returns_by_itself(
     victim, ip, mac, healed = "", "", "", True
     try:
         case.submit()
-        victim, survivors, spare = _victim_and_spare(case, lab)
-        ip, mac = _net_identity(victim)
+        victim, survivors, spare = victim_and_spare(case, lab)
+        ip, mac = net_identity(victim)
         assert ip, "no IP of the victim on the lab network"
         case.wait_mid_run()
         t0 = time.time()
         healed = False
-        p = _run(["podman", "network", "disconnect", NETWORK, victim])
+        p = run(["podman", "network", "disconnect", NETWORK, victim])
         assert p.returncode == 0, p.stderr
         case.after_fault(t0, victim, survivors, spare)
         # the cut side (the node1.jsonl of the first run; the spare appends its own): its agent's store
@@ -395,7 +129,7 @@ def test_partition_requeues_and_node_returns_by_itself(
         ev1 = case.agent_events(1)
         cut_pid = next(e["pid"] for e in ev1 if e["event"] == "ready")
         ev1 = [e for e in ev1 if e["pid"] == cut_pid and e["ts"] > t0]
-        exits = _wait(
+        exits = wait(
             lambda: [e for e in case.agent_events(1) if e["pid"] == cut_pid and e["event"] == "exit"],
             30,
             0.5,
@@ -411,16 +145,16 @@ def test_partition_requeues_and_node_returns_by_itself(
         assert exits[0]["code"] == 76 and exits[0]["ts"] - t0 <= 2 * float(case.cfg["hb_timeout_s"]) + 3
         time.sleep(max(0.0, t0 + PARTITION_S - time.time()))
         t1 = time.time()
-        p = _run(reconnect_argv(victim, ip, mac))
+        p = run(reconnect_argv(victim, ip, mac))
         assert p.returncode == 0, p.stderr
         healed = True
-        addr = _run(["podman", "exec", victim, "ip", "-br", "-4", "addr", "show", "eth0"]).stdout
+        addr = run(["podman", "exec", victim, "ip", "-br", "-4", "addr", "show", "eth0"]).stdout
         assert f"{ip}/" in addr, addr  # same address and interface name as before (inventory, NCCL ifname)
-        back = _wait_idle(victim, NODE_BACK_MAX_S + 30)
+        back = wait_idle(victim, NODE_BACK_MAX_S + 30)
         case.metrics["heal_to_idle_s"] = round(time.time() - t1, 2)
         assert back <= NODE_BACK_MAX_S, case.metrics
         # and jobs run on it again
-        p = _ctl("srun", "-w", victim, "-N1", "-n1", "-t", "1", "hostname", timeout=90)
+        p = ctl("srun", "-w", victim, "-N1", "-n1", "-t", "1", "hostname", timeout=90)
         assert p.returncode == 0 and p.stdout.strip() == victim, (p.stdout, p.stderr)
         case.wait_done()
         m = case.metrics
@@ -442,7 +176,7 @@ def test_partition_requeues_and_node_returns_by_itself(
     finally:
         case.close()
         if victim and not healed:
-            _run(reconnect_argv(victim, ip, mac) if ip else ["true"])
+            run(reconnect_argv(victim, ip, mac) if ip else ["true"])
 
 
 @pytest.mark.lab
@@ -455,20 +189,20 @@ def test_node_killed_without_spare_waits_and_resumes_when_it_returns(
     victim, held = "", ""
     try:
         case.submit()
-        victim, survivors, spare = _victim_and_spare(case, lab)
+        victim, survivors, spare = victim_and_spare(case, lab)
         held = spare
-        p = _ctl("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=test: no spare")
+        p = ctl("scontrol", "update", f"NodeName={spare}", "State=DRAIN", "Reason=test: no spare")
         assert p.returncode == 0, p.stderr
         case.wait_mid_run()
         t0 = time.time()
-        assert _run(["podman", "kill", "--signal", "KILL", victim]).returncode == 0
+        assert run(["podman", "kill", "--signal", "KILL", victim]).returncode == 0
         time.sleep(20)  # requeued, and waiting: nothing to run on
         polled = [r for r in case.polled() if r["ts"] > t0]
         assert polled and polled[-1]["state"] == "PENDING" and polled[-1]["restarts"] >= 1, polled
-        state, reason = _node_state(victim)
+        state, reason = node_state(victim)
         assert state.startswith("down") and reason.startswith(nodefail.REASON_PREFIX), (state, reason)
         t2 = time.time()
-        assert _run(["podman", "start", victim]).returncode == 0
+        assert run(["podman", "start", victim]).returncode == 0
 
         def resumed() -> dict[str, Any] | None:
             recs = case.telemetry()
@@ -476,7 +210,7 @@ def test_node_killed_without_spare_waits_and_resumes_when_it_returns(
             steps = [r for r in recs if r["event"] == "step" and res and r["ts"] > res[0]["ts"]]
             return {"resume": res[0], "step": steps[0]} if steps else None
 
-        got = _wait(resumed, 120, 0.5, "the first step after the node returned")
+        got = wait(resumed, 120, 0.5, "the first step after the node returned")
         case.metrics.update(
             job=case.job,
             victim=victim,
@@ -509,9 +243,9 @@ def test_node_killed_without_spare_waits_and_resumes_when_it_returns(
     finally:
         case.close()
         if victim:
-            _run(["podman", "start", victim])
+            run(["podman", "start", victim])
         if held:
-            _ctl("scontrol", "update", f"NodeName={held}", "State=RESUME")
+            ctl("scontrol", "update", f"NodeName={held}", "State=RESUME")
 
 
 # A dedicated checkpoint filesystem inside a lab node (never the host's disk): a tmpfs mounted in the node's
@@ -522,12 +256,12 @@ FULL_DISK_HOLD_AT = 15  # after checkpoint 10, before checkpoint 20
 
 
 def _node(node: str, *argv: str, privileged: bool = False) -> subprocess.CompletedProcess[str]:
-    return _run(["podman", "exec", *(["--privileged"] if privileged else []), node, *argv])
+    return run(["podman", "exec", *(["--privileged"] if privileged else []), node, *argv])
 
 
 def _sacct_end(job: str) -> str | None:
     """ "State|ExitCode" of the job once it has ended (None while it is pending, running or requeued)."""
-    out = _ctl("sacct", "-j", job, "-X", "-n", "-P", "-o", "State,ExitCode").stdout.strip()
+    out = ctl("sacct", "-j", job, "-X", "-n", "-P", "-o", "State,ExitCode").stdout.strip()
     state = out.split("|")[0] if out else ""
     return (
         out if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "RESIZING") else None
@@ -546,14 +280,14 @@ def test_full_checkpoint_filesystem_on_a_node_fails_the_save_and_the_requeue_res
     if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
         pytest.skip("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
     node = "lab-node1"
-    _wait(lambda: _node_state(node)[0] == "idle", 120, 1, f"{node} idle before the test")
+    wait(lambda: node_state(node)[0] == "idle", 120, 1, f"{node} idle before the test")
     case = Case("fulldisk")
     cfg = case.cfg
     cfg.update(nodes=1, name="fault-fulldisk")
     cfg["model"] = {**cfg["model"], "pp": 1}  # 2 ranks on one node: EP=2
     cfg["fault"] = {**cfg.get("fault", {}), "kill_node": 0}  # (the stages' drill; unused here)
     (SHARED_HOST / "ci" / "faults-fulldisk.yml").write_text(yaml.safe_dump(cfg))
-    p = _ctl(RUNNER, "render", "-i", SPEC, "-c", "/shared/ci/faults-fulldisk.yml", "--run-dir", case.run_node)
+    p = ctl(RUNNER, "render", "-i", SPEC, "-c", "/shared/ci/faults-fulldisk.yml", "--run-dir", case.run_node)
     assert p.returncode == 0, p.stderr
     sbatch = case.run_host / "train_2node.sbatch"
     text = sbatch.read_text()
@@ -578,7 +312,7 @@ def test_full_checkpoint_filesystem_on_a_node_fails_the_save_and_the_requeue_res
         p = _node(node, "mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", SMALL_FS, privileged=True)
         assert p.returncode == 0, p.stderr
         mounted = True
-        p = _ctl("sbatch", "--parsable", f"--nodelist={node}", case.sbatch)
+        p = ctl("sbatch", "--parsable", f"--nodelist={node}", case.sbatch)
         assert p.returncode == 0, p.stderr
         case.job = p.stdout.strip().split(";")[0]
 
@@ -588,13 +322,13 @@ def test_full_checkpoint_filesystem_on_a_node_fails_the_save_and_the_requeue_res
                 r["event"] == "step" and r["step"] == FULL_DISK_HOLD_AT - 1 for r in recs
             )
 
-        _wait(held, 240, 0.5, f"job {case.job}: checkpoint 10 written, held before step {FULL_DISK_HOLD_AT}")
+        wait(held, 240, 0.5, f"job {case.job}: checkpoint 10 written, held before step {FULL_DISK_HOLD_AT}")
         used_kb = int(_node(node, "du", "-sk", SMALL_FS).stdout.split()[0])
         size_kb = used_kb + used_kb // 2  # room for half a checkpoint more
         p = _node(node, "mount", "-o", f"remount,size={size_kb}k", SMALL_FS, privileged=True)
         assert p.returncode == 0, p.stderr
         hold.unlink()
-        final = _wait(lambda: _sacct_end(case.job), 240, 1, f"job {case.job} to end")
+        final = wait(lambda: _sacct_end(case.job), 240, 1, f"job {case.job} to end")
         assert final == "FAILED|80:0", final
         recs = case.telemetry()
         failed = [r for r in recs if r["event"] == "ckpt_failed"]
@@ -618,9 +352,9 @@ def test_full_checkpoint_filesystem_on_a_node_fails_the_save_and_the_requeue_res
         p = _node(node, "mount", "-o", "remount,size=64m", SMALL_FS, privileged=True)
         assert p.returncode == 0, p.stderr
         t_free = time.time()
-        p = _ctl("scontrol", "requeue", case.job)
+        p = ctl("scontrol", "requeue", case.job)
         assert p.returncode == 0, p.stderr
-        again = _wait(lambda: _sacct_end(case.job), 300, 1, f"the requeued job {case.job} to end")
+        again = wait(lambda: _sacct_end(case.job), 300, 1, f"the requeued job {case.job} to end")
         assert again == "COMPLETED|0:0", again
         after = [r for r in case.telemetry() if r["ts"] > t_free]
         resumed = [r["step"] for r in after if r["event"] == "resume"]
@@ -743,6 +477,35 @@ def test_nodefail_on_the_cut_off_side_tells_nobody(tmp_path: Path) -> None:
     assert nodefail.controller_addr(str(tmp_path / "missing")) is None
 
 
+def test_nodefail_probes_the_node_address_from_slurm_conf(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "NodeName=lab-node1 NodeAddr=10.89.42.11 CPUs=2 State=UNKNOWN\n"
+        "NodeName=lab-node[2-3] NodeAddr=10.89.42.[12-13] CPUs=2 State=UNKNOWN  # paired in order\n"
+        "NodeName=lab-node[4-8] CPUs=2 State=FUTURE\n"
+        "NodeName=odd[1-2] NodeAddr=10.0.0.1 CPUs=2\n"  # one address for two names: not an answer
+    )
+    assert nodefail.node_addr("lab-node1", str(conf)) == "10.89.42.11"
+    assert nodefail.node_addr("lab-node3", str(conf)) == "10.89.42.13"
+    assert nodefail.node_addr("lab-node5", str(conf)) is None
+    assert nodefail.node_addr("odd2", str(conf)) is None
+    assert nodefail.node_addr("lab-node1", str(tmp_path / "missing")) is None
+    probed: list[tuple[str, int]] = []
+
+    def probe(host: str, port: int, _t: float) -> bool:
+        probed.append((host, port))
+        return host == "lab-ctl"
+
+    def addr(host: str, _conf: str | None) -> str | None:
+        return nodefail.node_addr(host, str(conf))
+
+    run = _Fake()
+    out = nodefail.mark_lost(1, "x", env=_ENV, run=run, probe=probe, controller=_ctld, address=addr)
+    assert probed == [("10.89.42.12", 6818), ("lab-ctl", 6817)]  # the address: no name lookup
+    assert out is not None and out["action"] == "down" and out["node"] == "lab-node2"
+    assert out["addr"] == "10.89.42.12" and run.calls[-1][2] == "NodeName=lab-node2"
+
+
 def test_deadman_fires_only_when_armed_and_silent() -> None:
     fired: list[float] = []
     dm = nodefail.Deadman(0.3, fired.append, tick_s=0.02).start()
@@ -759,19 +522,28 @@ def test_deadman_fires_only_when_armed_and_silent() -> None:
 
 
 def _watchdog(
-    tmp_path: Path, sinfo_line: str, healthy: bool = True, slurmd: bool = True, slurmd_age: int = 3600
+    tmp_path: Path,
+    sinfo_line: str,
+    healthy: bool = True,
+    slurmd: bool = True,
+    slurmd_age: int = 3600,
+    real_procs: bool = False,
 ) -> str:
-    """Run the node watchdog once against fake sinfo/scontrol/systemctl; returns the calls made."""
+    """Run the node watchdog once against fake sinfo/scontrol/systemctl; returns the calls made. pgrep and
+    pkill are stand-ins too (this machine's own slurmstepd processes, the lab's included, must never be
+    touched), unless real_procs: the caller then runs it inside a PID namespace of its own."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "calls"
+    fakes = [] if real_procs else [("pgrep", f'echo "$0 $*" >> {log}; exit 1'), ("pkill", "exit 1")]
     for name, body in (
+        *fakes,
         ("sinfo", f"echo \"$0 $*\" >> {log}; echo '{sinfo_line}'"),
         ("scontrol", f'echo "$0 $*" >> {log}'),
         (
             "systemctl",
             # `show ... ActiveEnterTimestampMonotonic`: slurmd became active slurmd_age s ago
-            f'[[ "$1" == show ]] && {{ up=$(cut -d. -f1 /proc/uptime); '
+            f'echo "$0 $*" >> {log}; [[ "$1" == show ]] && {{ up=$(cut -d. -f1 /proc/uptime); '
             f"echo $(((up - {slurmd_age}) * 1000000)); exit 0; }}; exit {0 if slurmd else 3}",
         ),
     ):
@@ -782,11 +554,23 @@ def _watchdog(
     hc.write_text(f"#!/bin/bash\nexit {0 if healthy else 1}\n")
     hc.chmod(0o755)
     conf = tmp_path / "wd.conf"
-    conf.write_text(f"LCM_WD_HOLDDOWN_S=20\nLCM_WD_NODE=lab-node2\nLCM_WD_HEALTHCHECK={hc}\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    p = subprocess.run(
-        ["bash", str(WATCHDOG), "--once", str(conf)], env=env, capture_output=True, text=True, timeout=30
+    spool = tmp_path / "spool"
+    conf.write_text(
+        f"LCM_WD_HOLDDOWN_S=20\nLCM_WD_NODE=lab-node2\nLCM_WD_HEALTHCHECK={hc}\nLCM_WD_SPOOL={spool}\n"
     )
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    argv = ["bash", str(WATCHDOG), "--once", str(conf)]
+    if real_procs:
+        # a PID namespace of its own: left-over steps (real processes titled as slurmstepd titles itself, one
+        # ignoring SIGTERM) and a process that only looks alike, then the watchdog, then who is left
+        script = (
+            "set -u; (exec -a 'slurmstepd: [41.0]' sleep 300) & "
+            "(trap '' TERM; exec -a 'slurmstepd: [41.batch]' sleep 300) & "
+            "(exec -a 'not-slurmstepd: [41.0]' sleep 300) & sleep 0.3; \"$@\"; echo LEFT:; "
+            "ps -eo args= | grep -F '[41.' | grep -v grep"
+        )
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", script, "_", *argv]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     return (log.read_text() if log.exists() else "") + p.stdout
 
@@ -802,6 +586,33 @@ def test_watchdog_resumes_lcm_down_and_not_responding_nodes(tmp_path: Path) -> N
     assert "update NodeName=lab-node2 State=RESUME" in out and "resumed lab-node2" in out
     (tmp_path / "b").mkdir()
     assert "State=RESUME" in _watchdog(tmp_path / "b", f"down*|{_ago(1)}|Not responding")
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare (a PID namespace of its own)",
+)
+def test_watchdog_kills_the_steps_left_on_the_node_before_its_return(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    for name in ("lab-node2_41.0", "lab-node2_41.batch", "cred_state"):
+        (spool / name).write_text("")
+    (spool / "job00041").mkdir()
+    (spool / "job00041" / "slurm_script").write_text("#!/bin/bash\n")  # a killed batch step's leftovers
+    out = _watchdog(tmp_path, f"down*|{_ago(30)}|lcm: agent heartbeat lost: ...", real_procs=True)
+    assert "killing the steps left on lab-node2 before its return" in out, out
+    assert "slurmstepd: [41.0]" in out and "slurmstepd: [41.batch]" in out, out  # both named in the log
+    left = out.split("LEFT:", 1)[1].splitlines()
+    assert [ln.split(" 300")[0] for ln in left if ln.strip()] == ["not-slurmstepd: [41.0]"], out
+    assert sorted(f.name for f in spool.iterdir()) == ["cred_state"]
+    assert "removing from" in out and "job00041" in out
+    assert out.index("killing the steps") < out.index("resumed lab-node2")
+    assert "systemctl restart slurmd" in out  # slurmd forgets the killed batch job (no "Duplicate jobid")
+    # a node with nothing left: nothing killed, resumed as before
+    (tmp_path / "b").mkdir()
+    out = _watchdog(tmp_path / "b", f"down*|{_ago(30)}|lcm: agent heartbeat lost: ...")
+    assert "pgrep -a -f" in out and "killing" not in out and "resumed lab-node2" in out
+    assert "restart slurmd" not in out
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="GNU date and bash")
