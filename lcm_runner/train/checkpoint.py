@@ -50,6 +50,7 @@ from .ckpt_errors import (
     _CheckpointBaseException,
     describe_cause,
     dir_bytes,
+    is_comm_failure,
 )
 from .ckpt_load import CheckpointLoader
 from .telemetry import TelemetryWriter
@@ -169,7 +170,7 @@ class CheckpointManager(CheckpointLoader):
         except CheckpointSaveFailed:
             raise
         except (Exception, _CheckpointBaseException) as e:
-            self._fail(step, path, self._cause(e, path))
+            self._fail(step, path, self._cause(e, path), comm=is_comm_failure(e), exc=e)
         self._pending[step] = (time.time() - t0, False)
         self._complete(step, path, t0)
 
@@ -184,7 +185,7 @@ class CheckpointManager(CheckpointLoader):
                 step = self._in_flight if self._in_flight is not None else -1
                 assert self.save_dir is not None
                 path = self.save_dir / iter_dir_name(step)
-                self._fail(step, path, self._cause(e, path))
+                self._fail(step, path, self._cause(e, path), comm=is_comm_failure(e), exc=e)
 
     def pending(self) -> bool:
         return self._queue is not None and self._queue.get_num_unfinalized_calls() > 0
@@ -213,14 +214,22 @@ class CheckpointManager(CheckpointLoader):
             )
         return cause
 
-    def _fail(self, step: int, path: Path, cause: str) -> None:
-        """Every rank: record the failed save, remove its partial directory (rank 0), raise."""
+    def _fail(
+        self, step: int, path: Path, cause: str, comm: bool = False, exc: BaseException | None = None
+    ) -> None:
+        """Every rank: record the failed save, remove its partial directory (rank 0), raise: the storage's
+        failure as CheckpointSaveFailed (the run stops), a lost peer's (comm) as the error itself (the
+        agent restarts the ranks, or the job is requeued, from the last good checkpoint)."""
         self._in_flight = None
         self._pending.pop(step, None)
         keep = self.save_dir is None or read_latest(self.save_dir) == step
         if self.rank == 0 and path.is_dir() and not keep:
             shutil.rmtree(path, ignore_errors=True)
-        self.telemetry.emit(EVENT_CKPT_FAILED, step=step, path=str(path), reason=cause, durable=True)
+        self.telemetry.emit(
+            EVENT_CKPT_FAILED, step=step, path=str(path), reason=cause, peer_lost=comm, durable=True
+        )
+        if comm:
+            raise RuntimeError(f"checkpoint {path.name}: a peer was lost during the save: {cause}") from exc
         raise CheckpointSaveFailed(step, path, cause)
 
     def _complete(self, step: int, path: Path, t0: float) -> None:

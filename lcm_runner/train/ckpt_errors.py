@@ -63,6 +63,42 @@ def describe_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
+# Storage errors: the save cannot succeed by retrying it elsewhere (the run stops, ExitCode.CKPT_SAVE_FAILED).
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES, errno.EPERM})
+# What a collective in the save reports when a peer rank or its node is gone (gloo, NCCL, the c10d store).
+_COMM_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "gloo/transport",
+    "NCCL error",
+    "ProcessGroupNCCL",
+    "DistNetworkError",
+    "DistStoreError",
+)
+
+
+def is_comm_failure(exc: BaseException) -> bool:
+    """A save that failed because a peer went away (a rank or node lost mid-save), not because of the
+    storage: the run restarts from the last good checkpoint like after any lost peer, instead of stopping
+    with CKPT_SAVE_FAILED (seen on the lab: a node cut off during a save ended its peers with "Connection
+    closed by peer" inside the save, exit 80, and the job was not requeued)."""
+    chain = _chain(exc)
+    if any(isinstance(c, OSError) and c.errno in _STORAGE_ERRNOS for c in chain):
+        return False
+    for cur in chain:
+        if any(
+            cls.__name__ in ("DistError", "DistNetworkError", "DistStoreError") for cls in type(cur).__mro__
+        ):
+            return True
+        try:
+            text = str(cur)
+        except Exception:  # an exception whose own message cannot be formatted says nothing either way
+            continue
+        if any(m in text for m in _COMM_MARKERS):
+            return True
+    return False
+
+
 def dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
