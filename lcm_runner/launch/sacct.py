@@ -62,6 +62,9 @@ class SacctRecord:
 
     @property
     def exit(self) -> str:
+        """ "<code>:<signal>", or "" where sacct has none (a step on a node that died)."""
+        if (self.exit_code, self.exit_signal) == UNKNOWN_EXIT:
+            return ""
         return f"{self.exit_code}:{self.exit_signal}"
 
 
@@ -99,7 +102,12 @@ def sacct_argv(job_ids: Iterable[str]) -> list[str]:
     ]
 
 
+UNKNOWN_EXIT = (-1, -1)  # an empty ExitCode: a step whose node died (its batch step on a killed node)
+
+
 def _exit(value: str, line: str) -> tuple[int, int]:
+    if not value.strip():
+        return UNKNOWN_EXIT
     m = re.fullmatch(r"(\d+):(\d+)", value.strip())
     if not m:
         raise SacctError(f"ExitCode {value!r} is not <code>:<signal> in: {line!r}")
@@ -146,6 +154,7 @@ __all__ = [
     "ENDED_STATES",
     "NO_ACCOUNTING",
     "SACCT_FIELDS",
+    "UNKNOWN_EXIT",
     "JobAccount",
     "SacctError",
     "SacctRecord",

@@ -55,6 +55,36 @@ def test_a_requeued_job_waiting_to_start_again_has_not_ended() -> None:
     assert not job_accounts(parse_sacct(WRAP.splitlines()[4]))["3"].ended  # only the REQUEUED run yet
 
 
+def test_ten_mixed_faults_in_one_job_agree_with_sacct(tmp_path: Path) -> None:
+    """tests/faults/test_mixed_faults_slurm.py's job 63 (2026-12-05): six node faults (killed or cut off),
+    each requeued by slurmctld (NODE_FAIL), the seventh run COMPLETED. The batch steps of the runs whose
+    node 0 died have no ExitCode in sacct (`63.batch|batch|CANCELLED||lab-node1|...`): parsed as unknown,
+    not refused (the accounting stage failed on it)."""
+    mixed = FIX / "lab-mixed-faults"
+    text = (mixed / "sacct.txt").read_text()
+    job = job_accounts(parse_sacct(text))["63"]
+    assert (
+        [r.state for r in job.runs] == ["NODE_FAIL"] * 6 + ["COMPLETED"] and job.restarts == 6 and job.ended
+    )
+    unknown = [s for s in job.steps if s.exit == ""]
+    assert unknown and {(s.step, s.state) for s in unknown} == {("batch", "CANCELLED")}
+    assert (unknown[0].exit_code, unknown[0].exit_signal) == (-1, -1)
+    run_dir = tmp_path / "run"
+    shutil.copytree(mixed / "logs", run_dir / "logs")
+
+    def run(argv: list[str]) -> str:
+        if argv[:3] == ["scontrol", "show", "config"]:
+            return "AccountingStorageType   = accounting_storage/slurmdbd\n"
+        assert argv == sacct_argv(["63"]), argv
+        return text
+
+    res = check_run(run_dir, run=run, wait_s=0)
+    assert res.verdict == "PASS", (res.summary, [k for k, ok in res.checks.items() if not ok])
+    assert res.summary == "1 job(s), 6 requeue(s): sacct and the runner's logs agree"
+    facts = res.metrics["jobs"]["63"]
+    assert facts["runner_runs"] == facts["sacct_runs"] == 7 and facts["runner_restarts"] == 6
+
+
 def test_malformed_sacct_output_is_refused_with_the_line() -> None:
     with pytest.raises(SacctError, match="6 fields, expected 7"):
         parse_sacct("1|wrap|COMPLETED|0:0|lab-node1|2026-12-03T15:52:56")
