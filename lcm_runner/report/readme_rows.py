@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lcm_runner.report.readme_rows_engine import row_engine_vs_megatron
-from lcm_runner.report.readme_rows_nodes import row_h200_burn_in, row_lab_add_node
+from lcm_runner.report.readme_rows_nodes import row_h200_burn_in, row_lab_add_node, row_lab_mixed_faults
 from lcm_runner.report.readme_sources import (
     CONVERGE,
     ENGINE,
@@ -316,6 +316,7 @@ ROWS: tuple[Callable[[Results], Row], ...] = (
     row_lab_node_loss,
     row_lab_node_kill,
     row_lab_partition,
+    row_lab_mixed_faults,
     row_h200_baseline,
     row_h200_resume,
     row_h200_trainer_kill,

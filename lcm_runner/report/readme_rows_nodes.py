@@ -1,5 +1,6 @@
 """README Measured rows of the node workflows (docs/nodes.md): the burn-in on a real H200 against the same
-run's plain measurements, and the lab drill that adds lab-node3 under a training job and removes it."""
+run's plain measurements, the lab drill that adds lab-node3 under a training job and removes it, and the
+ten mixed faults in one Slurm job on the lab (tests/faults/test_mixed_faults_slurm.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ H200_HEALTH = "docs/results/h200-verify/h200-gpu01.json"
 H200_PROBE = "docs/results/h200-verify/h200-gpu01.probe.json"
 H200_REFS = "docs/results/h200-verify/references.json"
 LAB_NODES = "docs/results/lab-nodes/nodes-drill.json"
+LAB_MIXED = "docs/results/faults/lab-mixed-slurm/recoveries.json"
 
 
 def _check(doc: dict, rel: str, name: str) -> dict:
@@ -57,4 +59,37 @@ def row_lab_add_node(res: Results) -> Row:
         "lab, real Slurm",
         value,
         [LAB_NODES],
+    )
+
+
+def row_lab_mixed_faults(res: Results) -> Row:
+    doc = res.json(LAB_MIXED)
+    faults = _get(doc, LAB_MIXED, "faults")
+    if len(faults) != 10:
+        raise ResultsError(
+            f"{LAB_MIXED}: {len(faults)} faults recorded, 10 expected (the run did not finish)"
+        )
+
+    def span(kind: str, batch: bool | None = None) -> str:
+        vals = [
+            float(f["first_new_step_s"])
+            for f in faults
+            if f["kind"] == kind and (batch is None or bool(f.get("batch_host")) == batch)
+        ]
+        if not vals:
+            return "-"
+        lo, hi = _num(min(vals), 1), _num(max(vals), 1)
+        return f"{lo} s" if lo == hi else f"{lo}-{hi} s"
+
+    lost = sum(int(f["first_new_step"]) - int(f["last_ckpt"]) - 1 for f in faults)
+    value = (
+        f"rank {span('rank')}; node or partition of node 0 (the batch host) {span('node', True)} / "
+        f"{span('partition', True)}, of the other node {span('node', False)} / {span('partition', False)}; "
+        f"{lost} steps lost, every loss bitwise, job {_get(doc, LAB_MIXED, 'job')} COMPLETED"
+    )
+    return Row(
+        "Ten mixed faults (4 rank, 3 node, 3 partition) in one Slurm job -> first new step each",
+        "lab, real Slurm",
+        value,
+        [LAB_MIXED],
     )
