@@ -210,19 +210,15 @@ def sbatch_text(
     job_name: str | None = None,
     step_sleep_ms: int = 0,
 ) -> str:
-    """The batch script of one launch of `cfg`; `train_args` default to the run config's full training.
-    step_sleep_ms > 0 stretches every step (the trainer's --fault-sleep-ms): faults injected by hand or by a
-    test land mid-run on a tiny CPU model."""
+    """The batch script of one launch of `cfg`; `train_args` default to the run config's full training;
+    step_sleep_ms > 0 paces every step (--fault-sleep-ms) so that injected faults land mid-run."""
     problems = check(cluster, cfg)
     if problems:
         raise RenderError("the run config does not fit the cluster spec:\n  - " + "\n  - ".join(problems))
     if step_sleep_ms < 0:
         raise RenderError(f"--step-sleep-ms must be >= 0, not {step_sleep_ms}")
     if step_sleep_ms and cfg.workload.foreign:
-        raise RenderError(
-            f"--step-sleep-ms: a {cfg.workload.kind} workload runs the user's own trainer, "
-            "which has no step sleep"
-        )
+        raise RenderError(f"--step-sleep-ms: a {cfg.workload.kind} workload's own trainer has no step sleep")
     run_dir = run_dir.resolve()
     ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir / "checkpoints"
     if train_args is None:
