@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 from faultmatrix import Matrix, Row
-from test_node_faults import CTL, FORCED, LAB, RUNNER, Case, _compute_nodes, _ctl, _node_state, _run, _wait
+from labnodes import CTL, FORCED, LAB, RUNNER, Case
+from labnodes import compute_nodes as _compute_nodes
+from labnodes import ctl as _ctl
+from labnodes import node_state as _node_state
+from labnodes import run as _run
+from labnodes import wait as _wait
 
 pytestmark = pytest.mark.lab
 

@@ -16,7 +16,11 @@ from pathlib import Path
 
 import pytest
 from faultmatrix import Matrix, Row
-from test_node_faults import NETWORK, ROOT, _ctl, _net_identity, _run, _wait, reconnect_argv
+from labnodes import NETWORK, ROOT, reconnect_argv
+from labnodes import ctl as _ctl
+from labnodes import net_identity as _net_identity
+from labnodes import run as _run
+from labnodes import wait as _wait
 from test_node_faults import lab as lab
 
 from lcm_runner.spec.hostlist import expand
