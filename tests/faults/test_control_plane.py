@@ -10,14 +10,12 @@ molecule verify runs it (the lab's CI subset of the matrix).
 from __future__ import annotations
 
 import itertools
-import shutil
 import time
 from typing import Any
 
 import pytest
 from faultmatrix import Matrix, Row
-from labnodes import CTL, FORCED, LAB, RUNNER, Case
-from labnodes import compute_nodes as _compute_nodes
+from labnodes import Case, lab_nodes
 from labnodes import ctl as _ctl
 from labnodes import node_state as _node_state
 from labnodes import run as _run
@@ -29,24 +27,7 @@ pytestmark = pytest.mark.lab
 @pytest.fixture(scope="module")
 def lab() -> list[str]:
     """The lab with at least two compute nodes (no spare needed: nothing here moves the job)."""
-
-    def unavailable(why: str) -> None:
-        if FORCED:
-            pytest.fail(f"LCM_LAB=1 but {why}")
-        pytest.skip(why)
-
-    if not ((LAB / "READY").exists() or FORCED) or shutil.which("podman") is None:
-        unavailable("the lab is not up (.lab/READY missing; LCM_LAB=1 forces)")
-    if _ctl("sinfo", "-h").returncode != 0:
-        unavailable("Slurm does not answer on the lab controller")
-    if _ctl("test", "-x", RUNNER).returncode != 0:
-        unavailable(f"{RUNNER} is not installed on {CTL}")
-    nodes = sorted(set(_compute_nodes()))
-    if len(nodes) < 2:
-        unavailable(f"needs 2 compute nodes, the lab has {nodes}")
-    for n in nodes:
-        _wait(lambda n=n: _node_state(n)[0] == "idle", 120, 1, f"{n} idle before the test")
-    return nodes
+    return lab_nodes(2)
 
 
 def _running_nodes(case: Case) -> list[str]:

@@ -347,7 +347,8 @@ def lab_nodes(minimum: int = 3) -> list[str]:
         unavailable(f"{RUNNER} is not installed on {CTL} (playbooks/runner.yml)")
     nodes = sorted(set(compute_nodes()))
     if len(nodes) < minimum:
-        unavailable(f"needs {minimum} compute nodes (a spare), the lab has {nodes} (LAB_COMPUTE_NODES=3)")
+        spare = f" (a spare: LAB_COMPUTE_NODES={minimum})" if minimum > 2 else ""
+        unavailable(f"needs {minimum} compute nodes{spare}, the lab has {nodes}")
     for n in nodes:
         wait(lambda n=n: node_state(n)[0] == "idle", 120, 1, f"{n} idle before the test")
     return nodes
