@@ -70,6 +70,7 @@ def test_lab_spec_renders_lab_overrides() -> None:
     assert conf["taskplugin"] == ["TaskPlugin=task/cgroup"]  # not the default task/affinity,task/cgroup
     assert conf["selecttype"] == ["SelectType=select/cons_tres"]
     assert conf["jobrequeue"] == ["JobRequeue=1"]
+    assert conf["tcptimeout"] == ["TCPTimeout=2"]  # Slurm's default unless the inventory says otherwise
     assert "grestypes" not in conf
     assert "topologyplugin" not in conf
     assert conf["partitionname"] == [

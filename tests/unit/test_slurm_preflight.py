@@ -87,6 +87,22 @@ def test_cons_res_is_refused_where_slurm_removed_it(tmp_path: Path, release: str
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
+    ("setting", "shown"),
+    [
+        ("slurm_cred_expire=4", "slurm_cred_expire must be >= 5 (is 4: Slurm would silently use 120)"),
+        ("slurm_tcp_timeout=0", "slurm_tcp_timeout (is 0)"),
+    ],
+)
+def test_timers_slurm_would_replace_or_reject_are_refused(tmp_path: Path, setting: str, shown: str) -> None:
+    """A cred_expire below 5 is replaced by 120 in slurmctld with one log line (a requeue would then wait
+    2 minutes), a TCPTimeout of 0 is an error at start: both stop in the preflight, named."""
+    result = _run(tmp_path, LAB, CLUSTER_ADDRESS, "-e", setting)
+    assert result.returncode != 0
+    assert shown in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
     ("name", "shown"),
     [("localhost", "resolves to 127.0.0.1"), ("no-such-node.invalid", "resolves to no IPv4 address")],
 )
