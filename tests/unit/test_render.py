@@ -65,7 +65,8 @@ def test_h200_sbatch_has_gres_container_torchrun_and_signal(tmp_path: Path) -> N
         "#SBATCH --partition=gpu",  # the spec's default partition
         "#SBATCH --signal=USR1@180",
         "#SBATCH --requeue",
-        'export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'MASTER_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        'export MASTER_ADDR="${MASTER_ADDR:-$MASTER_NODE}"',  # its NodeAddr, else its name
         "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
         "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'",
         "--rdzv-backend c10d",
@@ -334,3 +335,38 @@ def test_cli_render_step_sleep_reaches_the_trainer_and_bad_values_are_refused(tm
     foreign = ["-i", str(LAB), "-c", str(ROOT / "configs" / "lab-megatron.yml")]
     assert render.main([*foreign, "--run-dir", str(tmp_path / "m"), "--step-sleep-ms", "5"]) == 2
     assert not (tmp_path / "m" / "train_2node.sbatch").exists()
+
+
+@pytest.mark.parametrize(
+    ("show_node", "expected"),
+    [
+        # the lab and any slurm.conf with NodeAddr=: the address, no DNS lookup on the agents' path
+        ("NodeName=gpu01 Arch=x86_64 NodeAddr=10.1.0.11 NodeHostName=gpu01 Version=22.05", "10.1.0.11"),
+        # NodeAddr defaults to the name: the name, as before
+        ("NodeName=gpu01 Arch=x86_64 NodeAddr=gpu01 NodeHostName=gpu01", "gpu01"),
+        # scontrol failed (the controller did not answer): the name, never an empty address
+        ("", "gpu01"),
+    ],
+)
+def test_master_addr_is_slurms_address_of_the_first_node(
+    tmp_path: Path, show_node: str, expected: str
+) -> None:
+    out = render.render_run(_cluster(H200), _cfg("h200.yml"), tmp_path / "r")
+    lines = out.sbatch.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("MASTER_NODE="))
+    snippet = "\n".join(lines[start : start + 3])
+    assert snippet.splitlines()[-1] == 'export MASTER_ADDR="${MASTER_ADDR:-$MASTER_NODE}"'
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(
+        "#!/bin/bash\n"
+        'if [[ $1 == show && $2 == hostnames ]]; then printf "gpu01\\ngpu02\\n"; exit 0; fi\n'
+        "if [[ $1 == show && $2 == node && $3 == gpu01 ]]; then\n"
+        f'  [[ -n "{show_node}" ]] && echo "{show_node}"; exit 0\nfi\n'
+        "exit 1\n"
+    )
+    (bindir / "scontrol").chmod(0o755)
+    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu[01-02]"}
+    script = f'{snippet}\necho "$MASTER_ADDR"'
+    p = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert p.returncode == 0 and p.stdout.strip() == expected, (p.stdout, p.stderr)

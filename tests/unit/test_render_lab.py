@@ -86,6 +86,10 @@ def test_sbatch_on_real_slurm_requeues_on_75() -> None:
         assert "requeue: exit 75" in log and "(restart 1)" in log and "agents finished: exit 0" in log
         first = next(ln for ln in log.splitlines() if ln.startswith(f"job {job} (restart 0)"))
         master = first.split("master ")[1].split(":")[0]
+        master_node = first.rsplit("(", 1)[1].rstrip(")")
+        # the store host by Slurm's address of it (NodeAddr: the lab gives every node's), not by name
+        node = _exec("scontrol", "show", "node", master_node, "-o").stdout
+        assert f" NodeAddr={master} " in node, (first, node)
         for restart in (0, 1):
             hosts = set()
             for node in (0, 1):
@@ -101,6 +105,6 @@ def test_sbatch_on_real_slurm_requeues_on_75() -> None:
                 assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "eth0"
                 assert env["NCCL_IB_DISABLE"] == "1" and env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
                 hosts.add(env["host"])
-            assert len(hosts) == 2 and master in hosts
+            assert len(hosts) == 2 and master_node in hosts
     finally:
         shutil.rmtree(host, ignore_errors=True)
