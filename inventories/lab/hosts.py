@@ -71,8 +71,26 @@ def build(settings: dict[str, str], ssh_dir: Path) -> dict:
     ssh_args = (
         f"-o UserKnownHostsFile={ssh_dir / 'known_hosts'} -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
     )
+    # The lab's address plan: every name the lab can have (lab-ctl, lab-node1..MAX_NODES) and its fixed
+    # address, which every container gets in its /etc/hosts (podman --add-host, written again at each start).
+    # Names and, above all, reverse lookups of node addresses then never wait on podman's DNS, whose
+    # upstream timed out now and then: torch's TCPStore looks up the peer of each connection, and the store
+    # of a requeued run came up 10-20 s late ("The hostname of the client socket cannot be retrieved.
+    # err=-3"). Fixed for every node count: adding a node changes no running container.
+    # torch's sockets are IPv6 ones with IPv4-mapped addresses (::ffff:10.89.42.11), whose reverse lookups
+    # /etc/hosts answers only from lines of that form: each address twice (podman's --add-host takes one
+    # address per name, hence the ".v4mapped" name of the second).
+    plan = {"lab-ctl": str(net.network_address + base)}
+    for i in range(1, MAX_NODES + 1):
+        if base + i <= 254:
+            plan[f"lab-node{i}"] = str(net.network_address + base + i)
+    plan.update({f"{name}.v4mapped": f"::ffff:{addr}" for name, addr in list(plan.items())})
     hostvars: dict[str, dict] = {
-        "localhost": {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
+        "localhost": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": "/usr/bin/python3",
+            "lab_hosts_table": plan,
+        }
     }
     for index, name in enumerate(names):
         ip = str(net.network_address + base + index)

@@ -45,6 +45,18 @@ def test_addresses_are_fixed_and_inside_the_subnet() -> None:
     assert hv["localhost"]["ansible_connection"] == "local"
     # every host gives Slurm its address (NodeAddr, SlurmctldHost=name(addr)): podman's DNS forgets names
     assert [hv[n]["slurm_node_addr"] for n in ["lab-ctl"] + [f"lab-node{i}" for i in range(1, 6)]] == ips
+    # every container's /etc/hosts: the whole address plan, the same whatever the node count
+    table = hv["localhost"]["lab_hosts_table"]
+    assert [table[n] for n in ["lab-ctl"] + [f"lab-node{i}" for i in range(1, 6)]] == ips
+    assert len(table) == 2 * (1 + hosts.MAX_NODES) and table["lab-node32"] == "10.89.42.42"
+    assert table["lab-node3.v4mapped"] == "::ffff:10.89.42.13"  # torch's sockets: IPv4-mapped IPv6
+    assert table == hosts.build(SETTINGS, Path("/x"))["_meta"]["hostvars"]["localhost"]["lab_hosts_table"]
+    # a plan near the end of the subnet stops at .254
+    near_end = hosts.build({**SETTINGS, "lab_ip_offset": "240"}, Path("/x"))["_meta"]["hostvars"]["localhost"]
+    assert (
+        near_end["lab_hosts_table"]["lab-node14"] == "10.89.42.254"
+        and "lab-node15" not in near_end["lab_hosts_table"]
+    )
 
 
 @pytest.mark.parametrize(
