@@ -18,7 +18,7 @@ from lcm_runner.report.readme_sources import (
     INTEGRITY_TELEMETRY,
     LAB_SLURM_FAULT,
     MATRIX_CPU,
-    MATRIX_LAB,
+    MATRIX_LAB_NODES,
     STAGES_RUN1,
     STAGES_RUN2,
     Results,
@@ -79,23 +79,31 @@ def row_lab_node_loss(res: Results) -> Row:
     )
 
 
-def _lab_node_row(res: Results, fault: str, what: str, back: str, back_nd: int, back_label: str) -> Row:
-    """A node fault of the lab matrix: downtime, detection, DOWN, then the node back to idle."""
-    rows = _matrix_rows(res, MATRIX_LAB, fault)
+def _lab_node_row(
+    res: Results, faults: tuple[str, ...], what: str, back: str, back_nd: int, back_label: str
+) -> Row:
+    """Node faults of the lab (the last single-fault run of each): downtime, detection, DOWN, then the node
+    back to idle; each fault must have a row."""
+    src = MATRIX_LAB_NODES
+    rows = [r for fault in faults for r in _matrix_rows(res, src, fault)]
     value = (
-        f"{_span((_get(r, MATRIX_LAB, 'downtime_s') for r in rows), 2)} s "
-        f"(detected {_span((_get(r, MATRIX_LAB, 'detected_s') for r in rows), 2)} s, "
-        f"DOWN {_span((_note_num(MATRIX_LAB, r, r'marked DOWN ([0-9.]+) s') for r in rows), 2)} s); "
-        f"{back_label}{_span((_note_num(MATRIX_LAB, r, back) for r in rows), back_nd)} s"
+        f"{_span((_get(r, src, 'downtime_s') for r in rows), 2)} s "
+        f"(detected {_span((_get(r, src, 'detected_s') for r in rows), 2)} s, "
+        f"DOWN {_span((_note_num(src, r, r'marked DOWN ([0-9.]+) s') for r in rows), 2)} s); "
+        f"{back_label}{_span((_note_num(src, r, back) for r in rows), back_nd)} s"
     )
-    return Row(what, "lab, real Slurm", value, [MATRIX_LAB])
+    return Row(what, "lab, real Slurm", value, [src])
 
 
 def row_lab_node_kill(res: Results) -> Row:
     return _lab_node_row(
         res,
-        "node killed (container SIGKILL), spare idle",
-        "Node container SIGKILLed -> first new step on the survivors + spare; restarted node -> idle",
+        (
+            "node killed (container SIGKILL), spare idle",
+            "node killed (container SIGKILL), spare idle: node 0 (batch script, srun, store)",
+        ),
+        "Node container SIGKILLed (either node of the job, node 0 included) -> first new step on the "
+        "survivor + spare; restarted node -> idle",
         r"-> idle ([0-9.]+) s",
         2,
         "node back -> idle ",
@@ -105,7 +113,7 @@ def row_lab_node_kill(res: Results) -> Row:
 def row_lab_partition(res: Results) -> Row:
     return _lab_node_row(
         res,
-        "network partition of a node (60 s)",
+        ("network partition of a node (60 s)",),
         "Network partition of a node -> first new step; network back -> node idle",
         r"network back -> idle ([0-9.]+) s",
         1,

@@ -64,19 +64,22 @@ def lab() -> list[str]:
 
 
 @pytest.mark.lab
+@pytest.mark.parametrize("node_rank", [1, 0], ids=["node1", "node0"])
 def test_node_killed_requeues_on_spare_and_node_returns(
-    lab: list[str], matrix: Matrix, request: pytest.FixtureRequest
+    lab: list[str], matrix: Matrix, request: pytest.FixtureRequest, node_rank: int
 ) -> None:
-    case = Case("kill")
+    """node_rank 1: a node that runs trainer ranks only; node_rank 0: the job's first node, which also runs
+    the batch script, srun and the agents' store (the survivor, node rank 1, sees the store go)."""
+    case = Case("kill" if node_rank else "kill-node0")
     victim = ""
     try:
         case.submit()
-        victim, survivors, spare = victim_and_spare(case, lab)
+        victim, survivors, spare = victim_and_spare(case, lab, node_rank)
         case.wait_mid_run()
         t0 = time.time()
         p = run(["podman", "kill", "--signal", "KILL", victim])
         assert p.returncode == 0, p.stderr
-        case.after_fault(t0, victim, survivors, spare)
+        case.after_fault(t0, victim, survivors, spare, survivor_rank=1 - node_rank)
         case.wait_done()
         # the node comes back: container start -> systemd -> munge, slurmd (registers: ReturnToService=2)
         t2 = time.time()
@@ -88,7 +91,8 @@ def test_node_killed_requeues_on_spare_and_node_returns(
         m = case.metrics
         matrix.record(
             Row(
-                fault="node killed (container SIGKILL), spare idle",
+                fault="node killed (container SIGKILL), spare idle"
+                + ("" if node_rank else ": node 0 (batch script, srun, store)"),
                 injected=f"podman kill --signal KILL {victim} after checkpoint {m['last_ckpt']} + 2 steps",
                 detected_s=m["detect_s"],
                 recovered=True,

@@ -354,8 +354,10 @@ def lab_nodes(minimum: int = 3) -> list[str]:
     return nodes
 
 
-def victim_and_spare(case: Case, nodes: list[str]) -> tuple[str, list[str], str]:
+def victim_and_spare(case: Case, nodes: list[str], node_rank: int = 1) -> tuple[str, list[str], str]:
+    """The job's node of node_rank (default 1: node 0 also hosts the batch script, srun and the agents'
+    store), the other node of the job, and an idle spare."""
     running = wait(case.nodes, 240, 0.5, f"job {case.job} running")
     assert len(running) == 2, running
     spare = next(n for n in nodes if n not in running)
-    return running[1], [running[0]], spare  # node rank 1 (node 0 hosts the agents' store)
+    return running[node_rank], [running[1 - node_rank]], spare
