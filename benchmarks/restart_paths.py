@@ -34,7 +34,9 @@ def case(d: Path) -> dict:
     after = [r for r in recs if r.ts > t_fault and r.rank == 0]
     start = next((r for r in after if r.event == "start"), None)
     resume = next((r for r in after if r.event == "resume"), None)
-    first = next((r for r in steps(after, rank=0)), None)
+    # the fault is injected in attempt 0 in every case: the recovery's first step is a later attempt's
+    # (attempt 0's last step record may be written after the fault's timestamp)
+    first = next((r for r in steps(after, rank=0) if r.attempt > 0), None)
     if first is None:
         return {"error": "no step after the fault"}
     out = {

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from lcm_runner.ckpt import catalog, integrity
@@ -42,6 +41,7 @@ from lcm_runner.contracts import (
     iter_dir_name,
 )
 
+from . import ckpt_memory
 from .ckpt_errors import (
     CheckpointError,
     CheckpointSaveFailed,
@@ -53,6 +53,7 @@ from .ckpt_errors import (
     is_comm_failure,
 )
 from .ckpt_load import CheckpointLoader
+from .distributed import all_agree
 from .telemetry import TelemetryWriter
 
 __all__ = [
@@ -83,11 +84,14 @@ class CheckpointManager(CheckpointLoader):
     algorithm: str = integrity.DEFAULT_ALGORITHM
     writers: int = 1  # writer threads per rank, one shard file each (torch_dist thread_count)
     async_strategy: str = "mcore"  # mcore: a forked writer per save; nvrx: NVRx's persistent worker
+    model_initialized: bool = True  # False: the weights were not drawn (a load must follow, or a stop)
+    memory: bool = False  # keep a host copy of the last checkpoint for in-process restarts (ckpt_memory)
     _queue: Any = None
     _strategy: Any = None
     _pending: dict[int, tuple[float, bool]] = field(default_factory=dict)
     _in_flight: int | None = None
     _candidates: dict[int, int] = field(default_factory=dict)  # checkpoint step -> healthy steps since
+    _memory_s: float = 0.0  # the last save's copy to host memory (memory=True)
 
     def __post_init__(self) -> None:
         self.rank = dist.get_rank()
@@ -112,11 +116,7 @@ class CheckpointManager(CheckpointLoader):
 
     # ---- collectives of small values -----------------------------------------------------------
     def _all_ok(self, ok: bool) -> bool:
-        t = torch.tensor([1 if ok else 0], dtype=torch.int32)
-        if self.device == "cuda":
-            t = t.cuda()
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return int(t.item()) == 1
+        return all_agree(ok, self.device)
 
     def _from_rank0(self, value: Any) -> Any:
         box = [value]
@@ -148,6 +148,8 @@ class CheckpointManager(CheckpointLoader):
         if problem:
             self._fail(step, path, problem)
         state = self._sharded_state(built, step, is_loading=False, meta=meta)
+        if self.memory:
+            self._memory_s = ckpt_memory.capture(step, self._memory_state(built, meta), self.device == "cuda")
         use_async = self.async_save and not force_sync
         self._in_flight = step
         try:
@@ -264,6 +266,8 @@ class CheckpointManager(CheckpointLoader):
         dist.barrier()
         self._in_flight = None
         self._candidates[step] = 0
+        if self.memory:
+            ckpt_memory.commit(step)
         blocking, was_async = self._pending.pop(step, (time.time() - t0, False))
         total = time.time() - t0
         if not was_async:
@@ -278,6 +282,7 @@ class CheckpointManager(CheckpointLoader):
             asynchronous=was_async,
             algorithm=self.algorithm,
             hash_s=hash_s,
+            **({"memory_copy_s": round(self._memory_s, 6)} if self.memory else {}),
             durable=True,
         )
 

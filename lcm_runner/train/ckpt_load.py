@@ -19,9 +19,17 @@ from lcm_runner.ckpt import catalog, integrity
 from lcm_runner.ckpt.catalog import CatalogError, complete_steps, read_latest, write_latest_atomically
 from lcm_runner.contracts import EVENT_CKPT_REJECTED, EVENT_RESUME, LATEST_FILE, iter_dir_name
 
+from . import ckpt_memory
 from .ckpt_errors import CheckpointError, NoGoodCheckpoint
 from .ckpt_state import LEGACY_OPTIMIZER_KEY, CheckpointState
+from .distributed import all_agree
 from .telemetry import TelemetryWriter
+
+
+def will_resume(d: Path | None) -> bool:
+    """Whether load_latest will load a checkpoint from `d` or raise NoGoodCheckpoint (never start fresh):
+    a tracker file or a complete checkpoint is there (see _choose)."""
+    return d is not None and d.is_dir() and ((d / LATEST_FILE).exists() or bool(complete_steps(d)))
 
 
 def _has_legacy_torch_optimizer(path: Path) -> bool:
@@ -34,7 +42,10 @@ def _has_legacy_torch_optimizer(path: Path) -> bool:
 
 class CheckpointLoader(CheckpointState):
     load_dir: Path | None
+    save_dir: Path | None
     telemetry: TelemetryWriter
+    model_initialized: bool
+    memory: bool
     _candidates: dict[int, int]
 
     def _verify(self, path: Path) -> tuple[bool, str, str, bool]:
@@ -125,14 +136,21 @@ class CheckpointLoader(CheckpointState):
     ) -> tuple[int, dict[str, Any]]:
         """Verify, then load the newest good checkpoint (model, optimizer, RNG). Returns (step, lcm
         meta); (0, {}) for a fresh run. Raises NoGoodCheckpoint."""
-        from megatron.core import dist_checkpointing
-
         if self.load_dir is None:
             return 0, {}
         t0 = time.time()
+        if self.memory and (got := self._load_from_memory(built, load_optim, load_rng, t0)) is not None:
+            return got
         chosen = self._choose()
         if chosen is None:
+            if not self.model_initialized:
+                raise NoGoodCheckpoint(
+                    f"{self.load_dir}: the checkpoint seen at start-up is gone; not training from "
+                    "weights that were never initialised"
+                )
             return 0, {}
+        from megatron.core import dist_checkpointing
+
         step, path = chosen
         verify_s = time.time() - t0
         legacy = built.optimizer_impl != "megatron" and _has_legacy_torch_optimizer(path)
@@ -142,19 +160,10 @@ class CheckpointLoader(CheckpointState):
         if not load_rng:
             template.pop("rng_state")
         state = dist_checkpointing.load(template, str(path))
-        built.gpt.load_state_dict(state["model"])
-        if load_optim:
-            optim = state["optimizer"]
-            if built.optimizer_impl != "megatron" and not legacy:
-                optim = self.torch_optimizer_state_dict(optim)
-            built.optimizer.load_state_dict(optim)
-        elif built.optimizer_impl == "megatron":
-            built.optimizer.reload_model_params()  # fp32 main params from the loaded bf16 model
-        if load_rng:
-            self._set_rng_state(state["rng_state"])
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
+        optim = state.get("optimizer")
+        if optim is not None and built.optimizer_impl != "megatron" and not legacy:
+            optim = self.torch_optimizer_state_dict(optim)
+        self._restore(built, state["model"], optim, state.get("rng_state"))
         load_s = time.time() - t0
         if not catalog.is_known_good(path):
             self._candidates[step] = 0
@@ -164,5 +173,63 @@ class CheckpointLoader(CheckpointState):
             load_s=round(load_s, 6),
             verify_s=round(verify_s, 6),
             path=str(path),
+            source="disk",
         )
         return int(state["iteration"]), dict(state.get("lcm") or {})
+
+    def _restore(self, built: Any, model: Any, optim: Any | None, rng: Any | None) -> None:
+        """Model, then optimizer (None: not loaded, megatron's main params re-read from the model), then
+        RNG (None: not loaded); every rank together."""
+        built.gpt.load_state_dict(model)
+        if optim is not None:
+            built.optimizer.load_state_dict(optim)
+        elif built.optimizer_impl == "megatron":
+            built.optimizer.reload_model_params()  # fp32 main params from the loaded bf16 model
+        if rng is not None:
+            self._set_rng_state(rng)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+
+    def _load_from_memory(
+        self, built: Any, load_optim: bool, load_rng: bool, t0: float
+    ) -> tuple[int, dict[str, Any]] | None:
+        """An in-process restart: restore from the host copy of the checkpoint `latest` names when every
+        rank holds it (ckpt_memory); None: load from disk."""
+        d = self.load_dir
+        assert d is not None
+        held = ckpt_memory.usable_step()
+        try:
+            latest = read_latest(d)
+        except (CheckpointError, CatalogError):
+            latest = None
+        path = d / iter_dir_name(held) if held is not None else None
+        ok = (
+            path is not None
+            and d == self.save_dir
+            and held == latest
+            and catalog.is_complete(path)
+            and not catalog.is_rejected(path)
+        )
+        if not all_agree(ok, self.device):
+            ckpt_memory.drop()
+            return None
+        snap = ckpt_memory.take()
+        assert snap is not None and path is not None
+        s = snap.state
+        self._restore(
+            built, s["model"], s["optimizer"] if load_optim else None, s["rng_state"] if load_rng else None
+        )
+        if not catalog.is_known_good(path):
+            self._candidates[snap.step] = 0
+        self.telemetry.emit(
+            EVENT_RESUME,
+            step=snap.step,
+            load_s=round(time.time() - t0, 6),
+            verify_s=0.0,
+            path=str(path),
+            source="memory",
+        )
+        if self.rank == 0:
+            print(f"lcm-train: restored {path.name} from host memory (in-process restart)", flush=True)
+        return snap.step, dict(s.get("lcm") or {})

@@ -82,6 +82,15 @@ class CheckpointState:
             state[i] = {**head["scalars"][i], **{m: tensors[f"{i}.{m}"] for m in TORCH_MOMENTS}}
         return {"state": state, "param_groups": head["param_groups"]}
 
+    def _memory_state(self, built: Any, meta: dict[str, Any]) -> dict[str, Any]:
+        """The same state as a plain (unsharded) tree, for the host-memory copy (ckpt_memory)."""
+        return {
+            "model": built.gpt.state_dict(),
+            "optimizer": built.optimizer.state_dict(),
+            "rng_state": self._rng_state(),
+            "lcm": meta,
+        }
+
     def _rng_state(self) -> dict[str, Any]:
         rng: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
         if self.device == "cuda":

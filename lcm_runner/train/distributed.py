@@ -92,3 +92,12 @@ def init_distributed(device: str, timeout_minutes: float, given: GroupStore | No
             flush=True,
         )
     dist.init_process_group("gloo", timeout=timeout)
+
+
+def all_agree(flag: bool, device: str) -> bool:
+    """True on every rank when `flag` is true on every rank (one all-reduce of an int)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    if device == "cuda":
+        t = t.cuda()
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(int(t.item()))

@@ -3,9 +3,10 @@
 A fault the process survives (an exception on any rank, a hang past --inprocess-hard-timeout-s) is
 handled inside the same processes: NVRx aborts the process group on every rank, runs the finalizers
 below, and calls the training function again, which builds a fresh process group on a new prefix of
-NVRx's store, a fresh model, and resumes from the newest verified checkpoint (the same load as any
-restart). What it saves against a process restart: the interpreter, the imports, the CUDA context and
-the allocator's cache. A dead process (SIGKILL, OOM kill, a lost node) is not in its reach: that stays
+NVRx's store, a fresh model, and resumes from the newest verified checkpoint: from the host copy every
+rank kept of it at the save (ckpt_memory.py), or, when any rank lacks it, from disk like any restart.
+What it saves against a process restart: the interpreter, the imports, the CUDA context, the allocator's
+cache and the checkpoint read. A dead process (SIGKILL, OOM kill, a lost node) is not in its reach: that stays
 with the agent (lcm_runner.launch.agent) and the sbatch requeue, which still launch this trainer.
 
 NVRx's own store listens on MASTER_PORT + 2 (Megatron-LM's choice: + 1 is its TCPStore, the launcher's

@@ -72,8 +72,10 @@ class Trainer:
 
         from . import model as model_mod
         from .checkpoint import CheckpointManager, Fault
+        from .ckpt_load import will_resume
         from .comm import CommTimer
         from .data import make_source
+        from .distributed import all_agree
         from .guard import NumericalGuard
         from .schedule import Schedule
 
@@ -86,7 +88,11 @@ class Trainer:
         self.global_batch = gbs
         self.num_micro = gbs // (args.micro_batch_size * dp)
         self.tokens_per_step = gbs * args.seq_length
-        self.built = model_mod.build(args, device)
+        load_dir = Path(args.load) if args.load else (Path(args.save) if args.save else None)
+        # a checkpoint will be loaded (or the run stops: NoGoodCheckpoint), so the weights need no draw;
+        # every rank must agree (a rank that sees none initialises, and so do all)
+        resuming = all_agree(will_resume(load_dir) and not args.no_load_rng, device)
+        self.built = model_mod.build(args, device, initialize=not resuming)
         self.source = make_source(
             args.data_path, args.seed, args.seq_length, args.micro_batch_size, args.vocab_size
         )
@@ -96,7 +102,6 @@ class Trainer:
         # explicit causal mask: with None megatron builds it on CUDA (True = masked out)
         self.mask = torch.triu(torch.ones(1, 1, seq, seq, dtype=torch.bool), diagonal=1).to(dev)
         self.pos = torch.arange(seq).unsqueeze(0).expand(args.micro_batch_size, -1).to(dev)
-        load_dir = Path(args.load) if args.load else (Path(args.save) if args.save else None)
         self.ckpt = CheckpointManager(
             save_dir=Path(args.save) if args.save else None,
             load_dir=load_dir,
@@ -108,6 +113,8 @@ class Trainer:
             device=device,
             fault=Fault(args.fault_crash_in_save, args.fault_crash_rank),
             good_after_steps=args.ckpt_good_after_steps,
+            model_initialized=not resuming,
+            memory=args.inprocess_restart,
         )
         self.pp = args.pp
         self.schedule = Schedule(

@@ -56,6 +56,9 @@ def test_exception_restarts_in_place_and_continues_bitwise(tmp_path: Path, matri
         assert starts[(rank, 0)] == starts[(rank, 1)], f"rank {rank} restarted in a new process: {starts}"
     resumed = of_event(recs, EVENT_RESUME)
     assert {(r.rank, r.attempt, r.step) for r in resumed} == {(0, 1, 4), (1, 1, 4)}
+    # restored from each rank's host copy of checkpoint 4 (ckpt_memory), not from its files
+    assert {r.get("source") for r in resumed} == {"memory"}, resumed
+    assert "restored iter_0000004 from host memory" in run.log
     assert _losses(run, attempt=0) == {s: _losses(ref)[s] for s in range(1, 5)}
     assert _losses(run, attempt=1) == {s: _losses(ref)[s] for s in range(5, ITERS + 1)}
     assert _wait_for_no_leftovers(run.tag) == []
