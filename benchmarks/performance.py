@@ -89,8 +89,8 @@ def ckpt_figures() -> list[Figure]:
         ld = s["loads"][k]
         r = ld["read_gbps"] / d["direct_read_gbps"]
         why = (
-            f"the verify pass reads at disk speed ({ld['verify_s']:.1f} s); megatron's load then takes "
-            f"{ld['load_s']:.1f} s from the page cache"
+            f"the resume took {ld['load_s']:.1f} s, {ld['verify_s']:.1f} s of it verifying the files; the "
+            f"rest is megatron's load"
         )
         absolute = f"{ld['read_gbps']:.2f} of {d['direct_read_gbps']:.2f} GB/s ({k})"
         out.append(

@@ -73,8 +73,10 @@ def inputs() -> Inputs:
                 best, best_src = r["write_gbps"], src
                 disk, disk_src = got["disk"], _rel(call / "disk.txt")
         for r in got["loads"].values():
-            if r.get("bytes") and r["verify_s"] > 0 and r["load_s"] > 0:
-                verify, load, load_src = r["bytes"] / 1e9 / r["verify_s"], r["bytes"] / 1e9 / r["load_s"], src
+            # load_s is the whole resume, verify_s its first part (these calls verified, then loaded)
+            if r.get("bytes") and r["verify_s"] > 0 and r["load_s"] > r["verify_s"]:
+                verify, load_src = r["bytes"] / 1e9 / r["verify_s"], src
+                load = r["bytes"] / 1e9 / (r["load_s"] - r["verify_s"])
     if not best or not verify or not disk:
         raise SystemExit(f"no checkpoint throughput results under {_rel(CKPT_CALLS)}")
     warm = json.loads(ENGINE.read_text())["g1"]["async_saves"][-1]
