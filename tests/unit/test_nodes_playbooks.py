@@ -120,6 +120,7 @@ def _run(playbook: str, tmp_path: Path, extra: dict) -> subprocess.CompletedProc
         ("remove_nodes.yml", {}, "-e nodes=<names> is required"),
         ("remove_nodes.yml", {"nodes": "lab-node[1-3]"}, "that would remove every compute node"),
         ("remove_nodes.yml", {"nodes": "ctl"}, "not compute hosts of this inventory: ctl"),
+        ("rolling.yml", {"rolling_extra_vars": "gemm=1000"}, "rolling_extra_vars must be a mapping"),
     ],
 )
 def test_bad_node_requests_are_refused_before_any_host_changes(
