@@ -135,18 +135,41 @@ def recovery_figure() -> Figure:
     return Figure(name, "<= 3 s", f"{s:.2f} s", f"{s / 3:.2f}x the target", s <= 3.0, _rel(f), why)
 
 
+def _restart_calls() -> list[tuple[Path, dict, str]]:
+    """The restart-paths calls, newest first: (summary.json, its cases without errors, the card)."""
+    out = []
+    for f in sorted((DOCS / "h200-restart-paths").glob("*/summary.json"), reverse=True):
+        gpu = f.parent / "gpu.txt"  # nvidia-smi -L of the call; the calls before it ran on an H200
+        card = "H200"
+        if gpu.is_file() and (m := re.search(r"NVIDIA (\w+)", gpu.read_text())):
+            card = m.group(1)
+        cases = {k: v for k, v in json.loads(f.read_text()).items() if "error" not in v}
+        out.append((f, cases, card))
+    return out
+
+
+def agent_kill_figure() -> Figure:
+    """kill -9 of the trainer on one GPU, restarted by the agent: the newest restart-paths call with it."""
+    target = "<= 3 s"
+    for f, cases, card in _restart_calls():
+        if "agent_kill" in cases:
+            r = cases["agent_kill"]
+            s = r["fault_to_first_step_s"]
+            start, ld, first = r["fault_to_start_s"], r["resume_load_s"], r["first_step_time_s"]
+            why = (
+                f"a new process: its start with CUDA and the process group {start:.1f} s, the checkpoint "
+                f"load {ld:.1f} s, a cold first step {first:.1f} s"
+            )
+            name = f"trainer kill -> first new step (one {card}), the agent"
+            return Figure(name, target, f"{s:.2f} s", f"{s / 3:.2f}x the target", s <= 3.0, _rel(f), why)
+    return _missing("trainer kill -> first new step (one GPU), the agent", target, "no call with agent_kill")
+
+
 def inprocess_figure() -> Figure:
     """An exception in the trainer: NVRx's in-process restart against the agent's restart, one call."""
     target = "<= 3 s"
-    calls = sorted(p for p in (DOCS / "h200-restart-paths").glob("*/summary.json"))
-    for f in reversed(calls):
-        d = json.loads(f.read_text())
-        paths = {k: v for k, v in d.items() if "error" not in v}
+    for f, paths, card in _restart_calls():
         if "agent_raise" in paths and any(k.startswith("inprocess") for k in paths):
-            gpu = f.parent / "gpu.txt"  # nvidia-smi -L of the call; the calls before it ran on an H200
-            card = "H200"
-            if gpu.is_file() and (m := re.search(r"NVIDIA (\w+)", gpu.read_text())):
-                card = m.group(1)
             name = f"trainer exception -> first new step (one {card}), fastest path"
             k = min(paths, key=lambda k: paths[k]["fault_to_first_step_s"])
             s, agent = paths[k]["fault_to_first_step_s"], paths["agent_raise"]["fault_to_first_step_s"]
@@ -257,7 +280,7 @@ def engine_figures() -> list[Figure]:
 
 SECTIONS: list[tuple[str, Callable[[], list[Figure]]]] = [
     ("Checkpoints", lambda: [*ckpt_figures(), cpu_async_figure()]),
-    ("Recovery", lambda: [recovery_figure(), inprocess_figure()]),
+    ("Recovery", lambda: [recovery_figure(), agent_kill_figure(), inprocess_figure()]),
     ("Converges", converge_figures),
     ("Scale", lambda: [render_figure()]),
     ("Training engine", engine_figures),
