@@ -258,7 +258,7 @@ def shared_job_dir(host: Any) -> Iterator[str]:
 
 
 SIGNAL_JOB = """#!/bin/bash
-#SBATCH --nodes=1 --time=2 --signal=USR1@100 --requeue --open-mode=append
+#SBATCH --nodes=1 --time=3 --signal=USR1@100 --requeue --open-mode=append
 #SBATCH --output={dir}/job.out
 log={dir}/events
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} host=$(hostname -s)" >> "$log"
@@ -279,9 +279,14 @@ sleep 30
 
 @pytest.mark.groups("controller")
 def test_signal_reaches_job_and_requeue_works(host: Any, shared_job_dir: str) -> None:
-    """--signal=USR1@100 with --time=2: USR1 reaches the srun step's process (Slurm sends it up to 60 s
-    early, its timer resolution); the job requeues itself with `scontrol requeue` and runs again
-    (SLURM_RESTART_COUNT=1)."""
+    """--signal=USR1@100 with --time=3: USR1 reaches the srun step's process; the job requeues itself
+    with `scontrol requeue` and runs again (SLURM_RESTART_COUNT=1).
+
+    Slurm sends the signal up to 60 s early (its timer resolution), so it comes 20-80 s after the start:
+    never before the step exists. With --time=2 the signal was due at once and came at slurmctld's
+    first timer tick after the start; when that tick came before srun had launched the step, the signal
+    reached no process, the job ran into its time limit and the test waited out its 300 s (seen once on
+    Debian 13, CI of 2026-12-05)."""
     node = _group(host, "compute")[0]
     node.check_output(f"cat > {shared_job_dir}/job.sh << 'EOF'\n{SIGNAL_JOB.format(dir=shared_job_dir)}EOF")
     job_id = host.check_output(f"sbatch --parsable {shared_job_dir}/job.sh").strip()
@@ -303,7 +308,7 @@ def test_signal_reaches_job_and_requeue_works(host: Any, shared_job_dir: str) ->
         host.run(f"scancel {job_id}")
     elapsed = time.monotonic() - started
     lines = events.splitlines()
-    assert "got-USR1" in lines, events
+    assert "got-USR1" in lines, f"{events!r}; job {job_id}: {host.run(f'scontrol show job {job_id}').stdout}"
     assert "requeue" in lines, events
     assert "resumed" in lines, f"not run again within {elapsed:.0f}s: {events}"
     assert lines[0].startswith("start restart=0")
