@@ -284,9 +284,9 @@ def test_signal_reaches_job_and_requeue_works(host: Any, shared_job_dir: str) ->
 
     Slurm sends the signal up to 60 s early (its timer resolution), so it comes 20-80 s after the start:
     never before the step exists. With --time=2 the signal was due at once and came at slurmctld's
-    first timer tick after the start; when that tick came before srun had launched the step, the signal
-    reached no process, the job ran into its time limit and the test waited out its 300 s (seen once on
-    Debian 13, CI of 2026-12-05)."""
+    first timer tick after the start; when that tick comes before srun has launched the step, the signal
+    reaches no process, the job runs into its time limit and the test waits out its 300 s (most likely
+    the Debian 13 failure of the CI of 2026-12-05: its verify took 373 s instead of 80 s)."""
     node = _group(host, "compute")[0]
     node.check_output(f"cat > {shared_job_dir}/job.sh << 'EOF'\n{SIGNAL_JOB.format(dir=shared_job_dir)}EOF")
     job_id = host.check_output(f"sbatch --parsable {shared_job_dir}/job.sh").strip()
