@@ -4,7 +4,10 @@
     python benchmarks/converge.py --fresh   # lab absent -> site.yml (fresh), then site.yml again (no-op)
     python benchmarks/converge.py --fresh --strategies linear,mitogen_linear   # both, each fresh + no-op
     python benchmarks/converge.py --fresh --compute-nodes 2,8   # the lab with 2, then 8 compute nodes
-    python benchmarks/converge.py           # no-op re-converge of the running lab only (non-destructive)
+    python benchmarks/converge.py           # no-op re-converges of the running lab only (non-destructive)
+
+Each case ends with two no-op runs: `noop` with -e lcm_converge_full=true (every role runs and reports ok),
+then `unchanged`, the plain re-run that site.yml's unchanged check skips (playbooks/unchanged.yml).
 
 Each converge runs `ansible-playbook site.yml` with the ansible.posix.json stdout callback; the play recap
 (ok/changed/failed per host) and per-task durations come from that JSON. The result is written to
@@ -199,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(run_playbook(f"{prefix}absent{suffix}", absent, log_dir, env))
             leftovers = (leftovers or []) + lab_leftovers()
             runs.append(run_playbook(f"{prefix}fresh{suffix}", [options.playbook], log_dir, env))
-        runs.append(run_playbook(f"{prefix}noop{suffix}", [options.playbook], log_dir, env))
+        # noop: every role runs (the unchanged check off); unchanged: the plain re-run, which the unchanged
+        # check (playbooks/unchanged.yml) skips when the inputs and every node are as the last converge left
+        # them
+        full = [options.playbook, "-e", "lcm_converge_full=true"]
+        runs.append(run_playbook(f"{prefix}noop{suffix}", full, log_dir, env))
+        runs.append(run_playbook(f"{prefix}unchanged{suffix}", [options.playbook], log_dir, env))
 
     result = {
         "benchmark": "converge",
@@ -214,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "noop_changed": runs[-1].changed,
         "absent_leftovers": leftovers,
         "ok": all(r.rc == 0 for r in runs)
-        and all(r.changed == 0 for r in runs if r.name.removeprefix(prefix).startswith("noop"))
+        and all(r.changed == 0 for r in runs if r.name.removeprefix(prefix).startswith(("noop", "unchanged")))
         and not leftovers,
     }
     output = options.output or RESULTS / f"converge-{stamp}.json"
