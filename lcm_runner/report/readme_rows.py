@@ -39,12 +39,24 @@ def row_converge(res: Results) -> Row:
     if fresh is None or noop is None:
         raise ResultsError(f"{CONVERGE}: needs a 'fresh' and a 'noop' run")
     hosts = [h for h in _get(fresh, CONVERGE, "per_host") if h != "localhost"]
+    unchanged = runs.get("unchanged")
     value = (
         f"{_num(_get(fresh, CONVERGE, 'seconds'), 0)} s / {_num(_get(noop, CONVERGE, 'seconds'), 0)} s "
         f"(re-run: {_get(noop, CONVERGE, 'changed')} changed)"
     )
+    title = f"`site.yml` fresh converge of {len(hosts)} hosts (images cached) / re-run"
+    if unchanged is not None:
+        value = (
+            f"{_num(_get(fresh, CONVERGE, 'seconds'), 0)} s / {_num(_get(noop, CONVERGE, 'seconds'), 0)} s / "
+            f"{_num(_get(unchanged, CONVERGE, 'seconds'), 1)} s (re-runs: "
+            f"{_get(noop, CONVERGE, 'changed')} and {_get(unchanged, CONVERGE, 'changed')} changed)"
+        )
+        title = (
+            f"`site.yml` fresh converge of {len(hosts)} hosts (images cached) / re-run of every role "
+            "(`lcm_converge_full=true`) / plain re-run (the unchanged check skips every play)"
+        )
     return Row(
-        f"`site.yml` fresh converge of {len(hosts)} hosts (images cached) / re-run",
+        title,
         "lab, `benchmarks/converge.py`",
         value,
         [CONVERGE],

@@ -2,7 +2,7 @@
 """The node side of site.yml's unchanged check: mark a complete converge, or list why one is needed.
 
 Logic: plugins/module_utils/lcm_converge_state.py. The fingerprint comes from the controller
-(plugins/action/lcm_converge_fingerprint.py); docs/performance.md, "No-op converges".
+(plugins/action/lcm_converge_fingerprint.py); docs/lock-mirror-generations.md, "Unchanged converges".
 """
 
 from __future__ import annotations
