@@ -30,15 +30,32 @@ RECORD_NAME = "converged.json"
 ActiveQuery = Callable[[Sequence[str]], dict[str, bool]]
 
 
+def parse_show(text: str, units: Sequence[str]) -> dict[str, bool]:
+    """`systemctl show -p Id,Type,ActiveState <units>` (one block per unit, in order) -> unit -> a service
+    that runs (active, not Type=oneshot: a timer's oneshot is active only while it runs: no lasting state)."""
+    blocks = text.strip().split("\n\n") if text.strip() else []
+    out: dict[str, bool] = {}
+    for i, unit in enumerate(units):
+        props = (
+            dict(line.split("=", 1) for line in blocks[i].splitlines() if "=" in line)
+            if i < len(blocks)
+            else {}
+        )
+        out[unit] = props.get("ActiveState") == "active" and props.get("Type", "") != "oneshot"
+    return out
+
+
 def systemd_active(units: Sequence[str]) -> dict[str, bool]:
-    """unit -> `systemctl is-active` says active (one systemctl call for all units)."""
+    """unit -> a running service (parse_show; one systemctl call for all units)."""
     if not units:
         return {}
     proc = subprocess.run(
-        ["systemctl", "is-active", "--", *units], capture_output=True, text=True, check=False
+        ["systemctl", "show", "--property=Id,Type,ActiveState", "--", *units],
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    states = proc.stdout.split("\n")
-    return {u: (states[i].strip() == "active" if i < len(states) else False) for i, u in enumerate(units)}
+    return parse_show(proc.stdout, units)
 
 
 def managed_services(managed_dir: Path) -> list[str]:
@@ -70,16 +87,23 @@ def mark(
     check: bool = False,
     active_query: ActiveQuery = systemd_active,
 ) -> tuple[bool, dict[str, Any]]:
-    """Write converged.json for this converge (only when its bytes differ); return (changed, record)."""
-    services = managed_services(managed_dir)
-    active = active_query(services)
-    text = record_text(fingerprint, current_number(gen_dir), [u for u in services if active.get(u)])
+    """Write converged.json for this converge; return (changed, record).
+
+    A record of the same fingerprint and generation is kept as it is: it describes the first complete converge
+    to this state, and a second one (the idempotence run) changes nothing. Its units are the managed services
+    running then (a unit still starting, or a timer's oneshot, is not expected to run later)."""
+    gen = current_number(gen_dir)
     path = gen_dir / RECORD_NAME
     try:
-        old = path.read_text()
-    except FileNotFoundError:
+        old = read_record(gen_dir)
+    except GenerationError:
         old = None
-    changed = old != text
+    if old is not None and old["fingerprint"] == fingerprint and old.get("generation") == gen:
+        return False, old
+    services = managed_services(managed_dir)
+    active = active_query(services)
+    text = record_text(fingerprint, gen, [u for u in services if active.get(u)])
+    changed = True
     if changed and not check:
         gen_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")

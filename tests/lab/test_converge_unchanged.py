@@ -1,4 +1,5 @@
-"""site.yml's unchanged check on the lab (playbooks/unchanged.yml; docs/lock-mirror-generations.md, "Unchanged converges").
+"""site.yml's unchanged check on the lab (playbooks/unchanged.yml;
+docs/lock-mirror-generations.md, "Unchanged converges").
 
 Runs when the lab is up (.lab/READY, or LCM_LAB=1 to force), after a complete converge (molecule's, or
 `ansible-playbook site.yml`):

@@ -283,6 +283,43 @@ def test_mark_then_unchanged_and_mark_is_idempotent(node: dict) -> None:
     assert _check(node) == []
 
 
+def test_a_second_mark_of_the_same_state_keeps_the_first_record(node: dict) -> None:
+    """The idempotence run: the same fingerprint and generation; a unit's state flapping in between (a timer's
+    oneshot, a service still starting) changes nothing."""
+    state.mark(node["gens"], node["managed"], "F1", active_query=Units("slurmd"))
+    before = (node["gens"] / "converged.json").read_bytes()
+    changed, rec = state.mark(node["gens"], node["managed"], "F1", active_query=Units("slurmd", "x"))
+    assert changed is False and rec["services"] == ["slurmd"]
+    assert (node["gens"] / "converged.json").read_bytes() == before
+    # a new fingerprint is a new record
+    changed, rec = state.mark(node["gens"], node["managed"], "F2", active_query=Units("slurmd", "x"))
+    assert changed and rec == {"fingerprint": "F2", "generation": 1, "services": ["slurmd", "x"]}
+
+
+def test_only_running_services_count_not_oneshots_or_unknown_units() -> None:
+    show = (
+        "Id=slurmd.service\nType=simple\nActiveState=active\n\n"
+        "Id=lcm-slurm-metrics.service\nType=oneshot\nActiveState=active\n\n"
+        "Id=munge.service\nType=forking\nActiveState=activating\n\n"
+        "Id=nope.service\nType=\nActiveState=inactive\n"
+    )
+    units = [
+        "slurmd.service",
+        "lcm-slurm-metrics.service",
+        "munge.service",
+        "nope.service",
+        "missing.service",
+    ]
+    assert state.parse_show(show, units) == {
+        "slurmd.service": True,
+        "lcm-slurm-metrics.service": False,
+        "munge.service": False,
+        "nope.service": False,
+        "missing.service": False,
+    }
+    assert state.parse_show("", ["a.service"]) == {"a.service": False}
+
+
 def test_check_mode_mark_writes_nothing(node: dict) -> None:
     changed, _ = state.mark(node["gens"], node["managed"], "F1", check=True, active_query=Units())
     assert changed and not (node["gens"] / "converged.json").exists()

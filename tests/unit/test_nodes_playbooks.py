@@ -82,8 +82,10 @@ def test_every_layer_playbook_takes_the_target_group() -> None:
         if name in ("playbooks/validate.yml", "playbooks/lab.yml"):
             continue
         for play in yaml.safe_load((REPO / name).read_text()):
-            # then site.yml's unchanged check may leave out the group lcm_unchanged (test_converge_unchanged.py)
-            pattern = play["hosts"].removesuffix("{{ ':!lcm_unchanged' if 'lcm_unchanged' in groups else '' }}")
+            # then site.yml's unchanged check may leave out lcm_unchanged (test_converge_unchanged.py)
+            pattern = play["hosts"].removesuffix(
+                "{{ ':!lcm_unchanged' if 'lcm_unchanged' in groups else '' }}"
+            )
             assert pattern.endswith(":&{{ lcm_target_group | default('all') }}"), (name, play["hosts"])
 
 
