@@ -398,3 +398,4 @@ def test_the_check_runs_whatever_the_tags_and_molecule_forces_full_runs() -> Non
     gen_play = yaml.safe_load((ROOT / "playbooks/generation.yml").read_text())[0]
     (mark,) = [t for t in gen_play["tasks"] if t.get("lcm_converge_state", {}).get("state") == "mark"]
     assert "not ansible_check_mode" in mark["when"]
+    assert "not (lcm_converge_full | default(false) | bool)" in mark["when"]
