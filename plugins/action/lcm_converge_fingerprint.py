@@ -8,8 +8,8 @@ nothing to do. The inputs:
 - every inventory source (files, or directories walked), by content;
 - the inventory's groups and their hosts as this run resolved them (a dynamic inventory's output);
 - the command line: extra vars (parsed, @files read; `lcm_converge_full` itself left out: it changes how
-  the converge runs, not what it converges to), --tags, --skip-tags (without molecule's `molecule-notest`
-  and `notest`, which no task carries), --limit and --check;
+  the converge runs, not what it converges to), --tags, --skip-tags (without molecule's `molecule-notest`,
+  `notest` and `molecule-idempotence-notest`, which no task carries), --limit and --check;
 - the environment variables a converge reads: LAB_COMPUTE_NODES (the lab inventory) and LCM_LAB_MIRROR (the
   lab's mirror); HOME only places the artifact cache, whose files are checked against the lock's sha256
   (tests/unit/test_converge_unchanged.py fails when a play, role or inventory reads another one);
@@ -39,7 +39,7 @@ EXCLUDED_PREFIXES = ("docs/", "tests/", "benchmarks/")
 EXCLUDED_FILES = frozenset({"README.md"})
 ENV_INPUTS = frozenset({"LAB_COMPUTE_NODES", "LCM_LAB_MIRROR"})
 ENV_NOT_INPUTS = frozenset({"HOME"})
-UNUSED_SKIP_TAGS = frozenset({"molecule-notest", "notest"})
+UNUSED_SKIP_TAGS = frozenset({"molecule-notest", "notest", "molecule-idempotence-notest"})
 NOT_AN_INPUT_VARS = frozenset({"lcm_converge_full"})
 _SKIP_DIRS = frozenset(
     {".git", ".venv", "__pycache__", ".cache", ".lab", ".pytest_cache", ".ruff_cache", "runs"}

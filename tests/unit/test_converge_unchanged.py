@@ -165,6 +165,16 @@ def test_command_line_environment_and_inventory_are_inputs(repo: Path, field: st
             "cli",
             {"tags": ("all",), "skip_tags": ("molecule-notest", "notest"), "subset": None, "check": False},
         ),
+        # molecule's idempotence run adds molecule-idempotence-notest to its converge's --skip-tags
+        (
+            "cli",
+            {
+                "tags": ("all",),
+                "skip_tags": ("molecule-notest", "notest", "molecule-idempotence-notest"),
+                "subset": None,
+                "check": False,
+            },
+        ),
         (
             "env",
             {"LAB_COMPUTE_NODES": "2", "HOME": "/home/x", "MOLECULE_FILE": "/x", "ANSIBLE_FORCE_COLOR": "0"},
@@ -199,7 +209,8 @@ def test_every_environment_variable_a_converge_reads_is_an_input() -> None:
 
 
 def test_no_task_carries_the_skip_tags_left_out() -> None:
-    """molecule passes --skip-tags molecule-notest,notest: left out only while no task uses them."""
+    """molecule passes --skip-tags molecule-notest,notest (idempotence: molecule-idempotence-notest too):
+    left out only while no task uses them."""
     for path in [*ROOT.glob("roles/*/tasks/*.yml"), *ROOT.glob("playbooks/*.yml"), ROOT / "site.yml"]:
         for tag in fpm.UNUSED_SKIP_TAGS:
             assert not re.search(rf"\b{re.escape(tag)}\b", path.read_text()), f"{path} uses the tag {tag}"
