@@ -1,11 +1,11 @@
 """A node's record of its last complete converge, and the check that nothing changed since (standard library).
 
 `<generations_dir>/converged.json` = {"fingerprint": <sha256 of the converge's inputs>, "generation": <n>,
-"services": [managed services running then]}, written by the last play of site.yml on every node that finished the
-converge (roles/_generation, playbooks/generation.yml). site.yml's unchanged check (playbooks/unchanged.yml)
-skips the whole converge only when every node reports `unchanged`: the same inputs fingerprint, its
-current generation still the one that converge recorded, no drift of any managed file or package from it,
-and every managed service that was running then still running. Anything else is a reason, and the converge runs in full.
+"services": [managed services running then]}, written by the last play of site.yml on every node that
+finished the converge (playbooks/generation.yml). site.yml's unchanged check (playbooks/unchanged.yml) skips
+the whole converge only when every node reports `unchanged`: the same inputs fingerprint, its current
+generation still the one that converge recorded, no drift of any managed file or package from it, and every
+managed service that was running then still running. Anything else is a reason; the converge runs in full.
 """
 
 from __future__ import annotations
