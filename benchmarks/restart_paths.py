@@ -18,7 +18,7 @@ from lcm_runner.telemetry import load_run, of_event, steps
 
 KILL = re.compile(r"fault injection: SIGKILL at step \d+ t=([0-9.]+)")
 REENTRY = re.compile(r"in-process restart 1 begins t=([0-9.]+)")  # NVRx called the trainer again
-CASES = ("agent_kill", "agent_raise", "inprocess", "inprocess_fast")
+CASES = ("agent_kill", "agent_raise", "inprocess", "inprocess_fast", "agent_kill_warm", "agent_raise_warm")
 
 
 def case(d: Path) -> dict:
@@ -39,8 +39,15 @@ def case(d: Path) -> dict:
     first = next((r for r in steps(after, rank=0) if r.attempt > 0), None)
     if first is None:
         return {"error": "no step after the fault"}
+    agent = _agent_events(d)
+    failure = next((e for e in agent if e["event"] == "failure" and e["ts"] >= t_fault - 0.01), None)
+    respawn = next((e for e in agent if e["event"] == "spawn" and e.get("gen", 0) > 0), None)
     out = {
         "fault_to_first_step_s": round(first.ts - t_fault, 3),
+        # the agent saw the rank's exit (waitpid: after the kernel tore the dead process down)
+        "fault_to_detected_s": round(failure["ts"] - t_fault, 3) if failure else None,
+        "fault_to_spawn_s": round(respawn["ts"] - t_fault, 3) if respawn else None,
+        "warm": respawn.get("warm") if respawn else None,
         "fault_to_start_s": round(start.ts - t_fault, 3) if start else None,
         "fault_to_reentry_s": round(float(reentry.group(1)) - t_fault, 3) if reentry else None,
         "resume_load_s": resume.get("load_s") if resume else None,
@@ -48,12 +55,19 @@ def case(d: Path) -> dict:
         "first_step_time_s": first.get("step_time_s"),
         "same_pid": None,
         "resumed_from": resume.step if resume else None,
+        "resume_source": resume.get("source") if resume else None,
+        "startup": start.get("startup") if start else None,
         "attempt": first.attempt,
     }
     pids = [r.get("pid") for r in of_event(recs, "start", rank=0)]
     if len(pids) >= 2:
         out["same_pid"] = pids[0] == pids[-1]
     return out
+
+
+def _agent_events(d: Path) -> list[dict]:
+    p = d / "agent.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.is_file() else []
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,9 @@
 #   agent_raise    an exception in the trainer under the agent: the process exits 1, the same restart
 #   inprocess      the exception under --inprocess-restart (NVRx): the same process keeps its CUDA
 #                  context and imports; NVRx aborts the NCCL group and calls the trainer again
+#   agent_kill_warm / agent_raise_warm   the agent cases with --warm-ranks --host-copy: the new rank is a
+#                  spare forked (and its CUDA context made) before the fault, and it restores from the
+#                  host copy the dead rank left in shared memory (docs/recovery.md)
 # Each: fault -> first new step (and its phases from the telemetry) in OUTDIR/summary.{json,md}
 # (benchmarks/restart_paths.py). About 3 minutes on one H200.
 set -uo pipefail
@@ -40,7 +43,7 @@ case_run() {  # name launcher fault-flags...
   local t0=$SECONDS
   if [ "$launcher" = agent ]; then
     timeout 300 python3 -m lcm_runner.launch.agent --nnodes 1 --node-rank 0 --nproc-per-node 1 \
-      --master-addr 127.0.0.1 --master-port $port --max-restarts 2 --events "$d/agent.jsonl" -- \
+      --master-addr 127.0.0.1 --master-port $port --max-restarts 2 --events "$d/agent.jsonl" $AGENT_FLAGS -- \
       $COMMON --save "$WORK/$name/ckpt" --telemetry-dir "$d/telemetry" "$@" >"$d/console.log" 2>&1
   else
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 timeout 300 python3 -m lcm_runner.train \
@@ -52,9 +55,15 @@ case_run() {  # name launcher fault-flags...
 }
 CASES_RUN=${CASES_RUN:-"agent_kill agent_raise inprocess"}
 for c in $CASES_RUN; do
+  AGENT_FLAGS=""
+  case $c in
+    *_warm) AGENT_FLAGS="--warm-ranks --host-copy" ;;
+  esac
   case $c in
     agent_kill) case_run agent_kill agent --fault-kill-at-step "$FAULT" ;;
     agent_raise) case_run agent_raise agent --fault-raise-at-step "$FAULT" ;;
+    agent_kill_warm) case_run agent_kill_warm agent --fault-kill-at-step "$FAULT" ;;
+    agent_raise_warm) case_run agent_raise_warm agent --fault-raise-at-step "$FAULT" ;;
     inprocess) case_run inprocess direct --fault-raise-at-step "$FAULT" --inprocess-restart ;;
     inprocess_fast)  # NVRx's intervals at 0.1 s instead of 1 s
       case_run inprocess_fast direct --fault-raise-at-step "$FAULT" --inprocess-restart --inprocess-interval-s 0.1 ;;

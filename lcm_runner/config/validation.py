@@ -83,6 +83,9 @@ def validate(cfg: RunConfig) -> list[str]:
         p.append(f"agent: {cfg.agent!r} is not one of {', '.join(AGENTS)}")
     if not 1 <= cfg.checkpoint_writers <= 64:
         p.append(f"checkpoint_writers: {cfg.checkpoint_writers} must be in 1..64 (writer threads per rank)")
+    for key in ("warm_ranks", "host_copy"):
+        if getattr(cfg, key) and cfg.agent != "lcm":
+            p.append(f"{key}: needs agent: lcm (the project's agent keeps them), got agent: {cfg.agent!r}")
     if cfg.hb_timeout_s <= 0:
         p.append(f"hb_timeout_s: must be positive, got {cfg.hb_timeout_s}")
     for key in ("nodes", "procs_per_node", "save_interval", "keep_last"):  # train_iters: the trainer rules

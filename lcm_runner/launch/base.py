@@ -66,6 +66,8 @@ class JobSpec:
     container_image: str | None = None  # Slurm + Pyxis: srun --container-image
     container_mounts: list[str] = field(default_factory=list)  # extra --container-mounts
     standby_nodes: int = 0  # hot spare agents (lcm agent): take over a lost node without a relaunch
+    warm_ranks: bool = False  # lcm agent: a warm spare per local rank (agent --warm-ranks)
+    host_copy: bool = False  # lcm agent: the checkpoint's host copy in shared memory (agent --host-copy)
     module: str = "lcm_runner.train"  # each rank's `python -m` module (the trainer, or a workload's bridge)
     preload: list[str] = field(default_factory=list)  # the zygote's imports (empty: its default for module)
 

@@ -52,6 +52,8 @@ def agent_argv(
             "--log-dir",
             log_dir,
             *(["--node-devices", node_devices] if node_devices else []),
+            *(["--warm-ranks"] if spec.warm_ranks else []),
+            *(["--host-copy"] if spec.host_copy else []),
             *(["--module", spec.module] if spec.module != TRAINER_MODULE else []),
             *(["--preload", ",".join(spec.preload)] if spec.preload else []),
             "--",

@@ -52,6 +52,8 @@ def job_spec(
         container_image=cfg.container_image,
         container_mounts=list(cfg.container_mounts),
         standby_nodes=standby_nodes,
+        warm_ranks=cfg.warm_ranks,
+        host_copy=cfg.host_copy,
         module=cfg.train_module,
         # the bridge imports no torch: preload only it (the user's script starts as its own process)
         preload=[cfg.train_module] if cfg.workload.foreign else [],

@@ -101,19 +101,27 @@ def preload(module: str, explicit: list[str]) -> list[str]:
     return names
 
 
-def run_rank(
-    module: str, args: list[str], env: dict[str, str], log: Path | None, reset: tuple[int, ...]
-) -> NoReturn:
-    """In a freshly forked child: become a rank (own process group, killed with the agent, named
-    lcm-trainer), run the trainer module as __main__, exit with its code the way an interpreter does."""
+def become_rank(reset: tuple[int, ...], name: str = procs.TRAINER_COMM) -> None:
+    """In a freshly forked child: its own process group, killed with the agent, named `name`, the
+    agent's signal handlers reset to the default."""
+    os.setpgid(0, 0)
+    libc = _libc()
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    set_name(name)
+    for s in reset:
+        signal.signal(s, signal.SIG_DFL)
+
+
+def set_name(name: str) -> None:
+    """The process's comm (what `ps -o comm` and procs.Proc.comm show): lcm-trainer for a rank."""
+    _libc().prctl(_PR_SET_NAME, name.encode(), 0, 0, 0)
+
+
+def run_module(module: str, args: list[str], env: dict[str, str], log: Path | None) -> NoReturn:
+    """Run the trainer module as __main__ in this process (a forked child) and exit with its code the way
+    an interpreter does."""
     code = 1
     try:
-        os.setpgid(0, 0)
-        libc = _libc()
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        libc.prctl(_PR_SET_NAME, procs.TRAINER_COMM.encode(), 0, 0, 0)
-        for s in reset:
-            signal.signal(s, signal.SIG_DFL)
         os.environ.update(env)
         if log is not None:
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -137,3 +145,16 @@ def run_rank(
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+
+
+def run_rank(
+    module: str, args: list[str], env: dict[str, str], log: Path | None, reset: tuple[int, ...]
+) -> NoReturn:
+    """In a freshly forked child: become a rank (own process group, killed with the agent, named
+    lcm-trainer), run the trainer module as __main__, exit with its code the way an interpreter does."""
+    try:
+        become_rank(reset)
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    run_module(module, args, env, log)

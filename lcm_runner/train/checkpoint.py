@@ -41,7 +41,7 @@ from lcm_runner.contracts import (
     iter_dir_name,
 )
 
-from . import ckpt_memory
+from . import ckpt_memory, ckpt_shm
 from .ckpt_errors import (
     CheckpointError,
     CheckpointSaveFailed,
@@ -96,6 +96,7 @@ class CheckpointManager(CheckpointLoader):
     def __post_init__(self) -> None:
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
+        self._attach_host_copy()
         if self.save_dir is not None:
             from .procutil import install_checkpoint_results_queue
 
@@ -113,6 +114,21 @@ class CheckpointManager(CheckpointLoader):
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=False)
+
+    def _attach_host_copy(self) -> None:
+        """Under `lcm agent --host-copy` ($LCM_HOST_COPY_DIR): keep the host copy in shared memory, and
+        take up the one a predecessor of this rank left (ckpt_memory.attach; used by load_latest when
+        every rank holds a copy of the checkpoint `latest` names)."""
+        if self.save_dir is None:
+            return
+        place = ckpt_shm.place_from_env(
+            self.rank, {"save": str(self.save_dir.resolve()), "world": self.world}
+        )
+        if place is None:
+            return
+        self.memory = True
+        ckpt_memory.configure(place)
+        ckpt_memory.attach(pin=self.device == "cuda")
 
     # ---- collectives of small values -----------------------------------------------------------
     def _all_ok(self, ok: bool) -> bool:
@@ -267,7 +283,7 @@ class CheckpointManager(CheckpointLoader):
         self._in_flight = None
         self._candidates[step] = 0
         if self.memory:
-            ckpt_memory.commit(step)
+            ckpt_memory.commit(step, path / COMPLETE_MARKER)
         blocking, was_async = self._pending.pop(step, (time.time() - t0, False))
         total = time.time() - t0
         if not was_async:

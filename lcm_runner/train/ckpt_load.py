@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from lcm_runner.ckpt import catalog, integrity
 from lcm_runner.ckpt.catalog import CatalogError, complete_steps, read_latest, write_latest_atomically
+from lcm_runner.ckpt.integrity import COMPLETE_MARKER
 from lcm_runner.contracts import EVENT_CKPT_REJECTED, EVENT_RESUME, LATEST_FILE, iter_dir_name
 
-from . import ckpt_memory
+from . import ckpt_memory, ckpt_shm
 from .ckpt_errors import CheckpointError, NoGoodCheckpoint
 from .ckpt_state import LEGACY_OPTIMIZER_KEY, CheckpointState
 from .distributed import all_agree
@@ -211,12 +212,17 @@ class CheckpointLoader(CheckpointState):
             and catalog.is_complete(path)
             and not catalog.is_rejected(path)
         )
+        shared = ckpt_memory.shared()
+        if ok and shared:  # a copy a dead predecessor took: of the checkpoint that is on disk now
+            snap_digest = ckpt_memory.held_marker()
+            ok = snap_digest is not None and snap_digest == ckpt_shm.marker_digest(path / COMPLETE_MARKER)
         if not all_agree(ok, self.device):
-            ckpt_memory.drop()
+            if not shared:
+                ckpt_memory.drop()
             return None
         snap = ckpt_memory.take()
         assert snap is not None and path is not None
-        s = snap.state
+        s = ckpt_memory.restore_source(snap, self.device)
         self._restore(
             built, s["model"], s["optimizer"] if load_optim else None, s["rng_state"] if load_rng else None
         )
@@ -228,8 +234,9 @@ class CheckpointLoader(CheckpointState):
             load_s=round(time.time() - t0, 6),
             verify_s=0.0,
             path=str(path),
-            source="memory",
+            source="shm" if shared else "memory",
         )
         if self.rank == 0:
-            print(f"lcm-train: restored {path.name} from host memory (in-process restart)", flush=True)
+            how = "the shared host copy (a new process)" if shared else "host memory (in-process restart)"
+            print(f"lcm-train: restored {path.name} from {how}", flush=True)
         return snap.step, dict(s.get("lcm") or {})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -50,7 +51,9 @@ def run(args: TrainArgs, inprocess: InprocessCall | None = None) -> int:
     handler = ExitSignalHandler() if args.exit_signal_handler else None
     if handler is not None:
         handler.install()  # before the process group: a signal during setup is not lost
+    t0 = time.monotonic()
     init_distributed(device, args.distributed_timeout_minutes, inprocess.group if inprocess else None)
+    startup = {"distributed_s": round(time.monotonic() - t0, 4)}  # the start event's phases
     rank, world = dist.get_rank(), dist.get_world_size()
     from . import model as model_mod
 
@@ -80,6 +83,7 @@ def run(args: TrainArgs, inprocess: InprocessCall | None = None) -> int:
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, _record)
     try:
+        t0 = time.monotonic()
         ps.initialize_model_parallel(
             tensor_model_parallel_size=args.tp,
             pipeline_model_parallel_size=args.pp,
@@ -91,7 +95,12 @@ def run(args: TrainArgs, inprocess: InprocessCall | None = None) -> int:
         torch.manual_seed(args.seed)  # use_cpu_initialization draws weights from the CPU generator
         # The default RNG tracker needs CUDA; the "inference" tracker is valid because dropout is 0.
         tensor_parallel.model_parallel_cuda_manual_seed(args.seed, inference_rng_tracker=device == "cpu")
-        code = Trainer(args, device, dp, tel).run(handler, attempt)
+        startup["model_parallel_s"] = round(time.monotonic() - t0, 4)
+        t0 = time.monotonic()
+        trainer = Trainer(args, device, dp, tel)
+        startup["build_s"] = round(time.monotonic() - t0, 4)  # model, optimizer, checkpoint manager
+        trainer.startup = startup
+        code = trainer.run(handler, attempt)
     except (CheckpointSaveFailed, NoGoodCheckpoint) as e:
         code = (
             ExitCode.CKPT_SAVE_FAILED if isinstance(e, CheckpointSaveFailed) else ExitCode.NO_GOOD_CHECKPOINT

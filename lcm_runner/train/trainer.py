@@ -67,6 +67,8 @@ def physical_gpu(device: str, env: dict[str, str] | os._Environ[str] = os.enviro
 
 
 class Trainer:
+    startup: dict[str, float]  # seconds of the start-up phases before this object (engine.run), for `start`
+
     def __init__(self, args: TrainArgs, device: str, dp: int, tel: TelemetryWriter):
         from megatron.core import parallel_state as ps
 
@@ -80,6 +82,7 @@ class Trainer:
         from .schedule import Schedule
 
         self.args, self.device, self.dp, self.tel = args, device, dp, tel
+        self.startup = {}
         self.ps = ps
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
@@ -270,6 +273,7 @@ class Trainer:
         from lcm_runner.ckpt.catalog import CatalogError
 
         from .checkpoint import read_latest
+        from .ckpt_memory import shared as ckpt_shared
 
         try:
             latest = read_latest(self.ckpt.load_dir) if self.ckpt.load_dir else None
@@ -297,6 +301,10 @@ class Trainer:
             local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
             gpu=physical_gpu(self.device),
             rootfs=root_mount(),
+            startup=self.startup,
+            host_copy="shm"
+            if self.ckpt.memory and ckpt_shared()
+            else ("memory" if self.ckpt.memory else None),
             durable=True,
         )
         start, _meta = self.ckpt.load_latest(self.built, not a.no_load_optim, not a.no_load_rng)

@@ -16,7 +16,7 @@ from lcm_runner.ckpt.catalog import write_latest_atomically
 from lcm_runner.ckpt.integrity import COMPLETE_MARKER
 from lcm_runner.contracts import LATEST_FILE, iter_dir_name
 from lcm_runner.train import ckpt_memory as mem
-from lcm_runner.train import cpu_compat
+from lcm_runner.train import ckpt_shm, cpu_compat
 from lcm_runner.train.checkpoint import CheckpointManager, NoGoodCheckpoint
 from lcm_runner.train.ckpt_load import will_resume
 from lcm_runner.train.telemetry import TelemetryWriter
@@ -116,3 +116,61 @@ def test_weights_never_drawn_and_no_checkpoint_left_is_a_stop(tmp_path: Path) ->
     with pytest.raises(NoGoodCheckpoint, match="never initialised"):
         _manager(d, model_initialized=False).load_latest(_built())
     assert _manager(d).load_latest(_built()) == (0, {})  # drawn weights: a fresh start is fine
+
+
+# --- the shared host copy ($LCM_HOST_COPY_DIR, `lcm agent --host-copy`): a new process restores from it
+
+
+def _forget_shared() -> None:
+    """What a new process starts with (its predecessor's buffers and mapping are gone with it)."""
+    mem.drop()
+    mem.configure(None)
+    mem._region = None
+    mem._layout = []
+
+
+@pytest.fixture
+def host_copy_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(ckpt_shm.ENV, str(tmp_path / "shm"))
+    yield tmp_path / "shm"
+    _forget_shared()
+
+
+def _predecessor_saved(d: Path, step: int, w: float) -> None:
+    """A process of this rank saved `step` with its copy in shared memory, then died."""
+    mem.configure(ckpt_shm.place_from_env(0, {"save": str(d.resolve()), "world": 1}))
+    state = {"model": {"w": torch.full((2, 3), w)}, "optimizer": _built().optimizer.state_dict(),
+             "rng_state": {"torch_cpu": torch.get_rng_state()}, "lcm": {"seed": 5}}  # fmt: skip
+    mem.capture(step, state, pin=False)
+    mem.commit(step, d / iter_dir_name(step) / COMPLETE_MARKER)
+    _forget_shared()
+
+
+def test_a_new_process_restores_the_shared_copy_of_latest(tmp_path: Path, host_copy_dir: Path) -> None:
+    d = tmp_path / "ckpt"
+    _complete(d, 4)  # marker and latest only: reading its files would fail
+    _predecessor_saved(d, 4, 7.0)
+    for attempt in (1, 2):  # a second restart before the next save finds the copy again
+        built = _built()
+        step, meta = _manager(d).load_latest(built)  # the env turns the copy on; no memory=True
+        assert (step, meta) == (4, {"seed": 5})
+        assert torch.equal(built.gpt.w.detach(), torch.full((2, 3), 7.0))
+        assert [r.get("source") for r in _events(d, "resume")] == ["shm"] * attempt
+        _forget_shared()
+
+
+@pytest.mark.parametrize("case", ["marker rewritten", "latest moved on", "no copy", "other save dir"])
+def test_any_doubt_about_the_shared_copy_loads_from_disk(
+    tmp_path: Path, host_copy_dir: Path, case: str
+) -> None:
+    d = tmp_path / "ckpt"
+    _complete(d, 4)
+    if case != "no copy":
+        _predecessor_saved(d if case != "other save dir" else tmp_path / "elsewhere", 4, 7.0)
+    if case == "marker rewritten":  # the checkpoint on disk is not the one the copy was taken of
+        (d / iter_dir_name(4) / COMPLETE_MARKER).write_text('{"rewritten": true}')
+    if case == "latest moved on":
+        _complete(d, 6)
+    with pytest.raises(NoGoodCheckpoint):  # the disk path verifies files that are not there
+        _manager(d).load_latest(_built())
+    assert _events(d, "resume") == []

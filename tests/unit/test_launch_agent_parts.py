@@ -11,7 +11,8 @@ from lcm_runner.contracts import AgentExit, ExitCode
 from lcm_runner.launch.agent import policy
 from lcm_runner.launch.agent import store as keys
 
-PKG = Path(__file__).resolve().parents[2] / "lcm_runner" / "launch" / "agent"
+REPO = Path(__file__).resolve().parents[2]
+PKG = REPO / "lcm_runner" / "launch" / "agent"
 PREFIXES = (
     "hb/",
     "join/",
@@ -81,3 +82,22 @@ def test_python_dash_m_entry_point_still_runs() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert p.returncode == AgentExit.BAD_ARGS and "--node-devices" in p.stderr
+
+
+def test_the_fast_restart_options_reach_the_agent_command_line(tmp_path: Path) -> None:
+    """warm_ranks / host_copy in the run config become the agent's --warm-ranks / --host-copy (and the
+    agent parses them); without them the command line is as before."""
+    from lcm_runner.config import from_dict, load_run_config, to_dict
+    from lcm_runner.launch.agent.cli import build_parser
+    from lcm_runner.launch.commands import agent_argv
+    from lcm_runner.launch.jobspec import job_spec
+
+    base = load_run_config(REPO / "configs" / "lab.yml")
+    for warm, copy in ((False, False), (True, False), (True, True)):
+        cfg = from_dict({**to_dict(base), "warm_ranks": warm, "host_copy": copy})
+        spec = job_spec(cfg, name="t", run_dir=tmp_path, train_args=["--x"], python="python3")
+        argv = agent_argv(spec, "0", "127.0.0.1", "ev.jsonl", "logs", "rdzv")
+        assert ("--warm-ranks" in argv, "--host-copy" in argv) == (warm, copy)
+        ns = build_parser().parse_args(argv[3:])
+        assert (ns.warm_ranks, ns.host_copy, ns.warm_delay) == (warm, copy, 5.0)
+        assert ns.train_args == ["--", "--x"]

@@ -44,6 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="NODE_RANK=DEVICES;... : CUDA_VISIBLE_DEVICES of each node's ranks (local launcher's standby)",
     )
+    ap.add_argument(
+        "--warm-ranks",
+        action="store_true",
+        help="keep a warm spare per local rank (its CUDA context made) to become the rank at a restart",
+    )
+    ap.add_argument(
+        "--warm-delay",
+        type=float,
+        default=5.0,
+        help="seconds after a generation starts before its warm spares are forked (default 5)",
+    )
+    ap.add_argument(
+        "--host-copy",
+        action="store_true",
+        help="give the ranks a shared-memory directory for the host copy of the last checkpoint, so a "
+        "restarted rank restores from it instead of from disk",
+    )
+    ap.add_argument("--host-copy-root", type=Path, default=Path("/dev/shm"), help="where (default /dev/shm)")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     return ap
 
@@ -72,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         train_args=args,
         standby=ns.standby,
         node_devices=node_devices,
+        warm_ranks=ns.warm_ranks,
+        warm_delay_s=ns.warm_delay,
+        host_copy=ns.host_copy,
+        host_copy_root=ns.host_copy_root,
     )
     try:
         agent = Agent(cfg)

@@ -37,6 +37,14 @@ class AgentConfig:
     # standby without GPUs of its own runs the node it takes over on that node's devices). Empty: the
     # ranks inherit the agent's CUDA_VISIBLE_DEVICES (a real node, or a spare with its own GPUs).
     node_devices: dict[int, str] = field(default_factory=dict)
+    # warm spare ranks (spares.py): one per local rank, forked warm_delay_s after each generation starts
+    warm_ranks: bool = False
+    warm_delay_s: float = 5.0
+    # the ranks' host copy of the last checkpoint in shared memory (lcm_runner.train.ckpt_shm): a
+    # directory made under host_copy_root for this agent's life, given to the ranks as $LCM_HOST_COPY_DIR
+    host_copy: bool = False
+    host_copy_root: Path = Path("/dev/shm")
+    host_copy_dir: Path | None = None  # set by the agent when it made the directory
 
     def validate(self) -> None:
         if self.nnodes < 1:
@@ -58,6 +66,8 @@ class AgentConfig:
             raise ValueError("max_restarts must be >= 0")
         if self.hb_timeout_s <= 2 * self.hb_interval_s:
             raise ValueError("hb_timeout_s must exceed twice hb_interval_s")
+        if self.warm_delay_s < 0:
+            raise ValueError(f"warm_delay_s must be >= 0, got {self.warm_delay_s}")
         if self.node_devices and set(self.node_devices) != set(range(self.nnodes)):
             raise ValueError(
                 f"node_devices names nodes {sorted(self.node_devices)}, the job has 0..{self.nnodes - 1}"

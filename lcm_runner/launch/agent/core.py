@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from lcm_runner.contracts import AgentExit
@@ -174,6 +177,7 @@ class Agent:
                 self.ev.emit("signal", gen=self.gen, name=signal.Signals(sig).name)
                 self.ranks.forward(sig)
             now = time.monotonic()
+            self.ranks.tick(now)
             if not self.forwarded and now >= next_store:
                 # one store round trip per store_poll_s (ranks are reaped every poll_s): cheap on a busy node
                 next_store = now + self.cfg.store_poll_s
@@ -213,6 +217,28 @@ class Agent:
         self.pending_signal = signum
 
     def run(self) -> int:
+        try:
+            self._make_host_copy_dir()
+            return self._run()
+        finally:
+            self.ranks.stop_spares()
+            if self.cfg.host_copy_dir is not None:
+                shutil.rmtree(self.cfg.host_copy_dir, ignore_errors=True)
+
+    def _make_host_copy_dir(self) -> None:
+        """--host-copy: a directory of this agent's for its ranks' host copies (removed when it exits)."""
+        c = self.cfg
+        if not c.host_copy:
+            return
+        try:
+            made = tempfile.mkdtemp(prefix=f"lcm-host-copy-node{c.node_rank}-", dir=c.host_copy_root)
+            c.host_copy_dir = Path(made)
+        except OSError as e:  # no host copy: restarts load from disk, as without the flag
+            self.ev.emit("host_copy", error=f"{c.host_copy_root}: {e}")
+            return
+        self.ev.emit("host_copy", dir=str(c.host_copy_dir))
+
+    def _run(self) -> int:
         c = self.cfg
         t0 = time.monotonic()
         zygote.become_subreaper()
