@@ -9,7 +9,7 @@
 #                  context and imports; NVRx aborts the NCCL group and calls the trainer again
 #   agent_kill_warm / agent_raise_warm   the agent cases with --warm-ranks --host-copy: the new rank is a
 #                  spare forked (and its CUDA context made) before the fault, and it restores from the
-#                  host copy the dead rank left in shared memory (docs/recovery.md)
+#                  host copy the dead rank left in shared memory (docs/training.md, "Fast process restarts")
 # Each: fault -> first new step (and its phases from the telemetry) in OUTDIR/summary.{json,md}
 # (benchmarks/restart_paths.py). About 3 minutes on one H200.
 set -uo pipefail

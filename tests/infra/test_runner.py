@@ -39,6 +39,38 @@ def test_venv_exists(host: Any, venv: str) -> None:
     assert host.file(f"{venv}/.lcm_runner_install.json").exists
 
 
+def _bundle_dir(host: Any) -> str:
+    """lcm_runner_venv_bundle_dir as the role resolves it (the inventory's, or the default's rule)."""
+    from conftest import host_vars
+
+    if "lcm_runner_venv_bundle_dir" in host_vars(host):
+        return str(host_vars(host)["lcm_runner_venv_bundle_dir"])
+    spec = cluster_spec(host)
+    mount = spec.get("storage", {}).get("mountpoint") or ""
+    return f"{mount}/.lcm/venv-bundles" if spec["layers"].get("storage") and mount else ""
+
+
+def test_the_venv_came_from_pip_once_per_bundle(host: Any, venv: str) -> None:
+    """With a bundle directory (the shared storage) the venv's third-party part was installed by pip once
+    and unpacked elsewhere: the install stamp names the bundle this node's venv came from, and that bundle
+    is there with its recorded sha256."""
+    stamp = json.loads(host.file(f"{venv}/.lcm_runner_install.json").content_string)
+    came = str(stamp.get("venv_from", ""))
+    where = _bundle_dir(host)
+    if not where:
+        assert came.startswith("pip"), stamp
+        return
+    assert came.startswith("bundle venv-"), stamp
+    name = came.split()[1]
+    tar = host.file(f"{where}/{name}")
+    assert tar.exists and host.file(f"{where}/{name}.sha256").exists, f"{where}/{name}"
+    recorded = host.file(f"{where}/{name}.sha256").content_string.strip()
+    assert (
+        len(recorded) == 64
+        and host.check_output(f"sha256sum < {shlex.quote(tar.path)}").split()[0] == recorded
+    )
+
+
 def test_trainer_imports_work_in_the_venv(host: Any, venv: str) -> None:
     out = host.check_output(f"{venv}/bin/python -W ignore -c {shlex.quote(IMPORT_CHECK)}")
     torch_pin = _pins("node.lock")["torch"]
