@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -401,11 +402,27 @@ def test_site_checks_after_validating_and_before_the_lab_and_every_layer() -> No
                 )
 
 
-def test_the_check_runs_whatever_the_tags_and_molecule_forces_full_runs() -> None:
+def test_the_check_runs_whatever_the_tags_and_molecule_forces_only_the_idempotence_run(
+    tmp_path: Path,
+) -> None:
+    """molecule's converge is a plain site.yml (it records the fingerprint), its idempotence run (the same
+    playbook with --skip-tags molecule-idempotence-notest) is forced: the expression, evaluated by real
+    ansible-playbook both ways."""
     (play,) = yaml.safe_load((ROOT / "playbooks/unchanged.yml").read_text())
     assert "always" in play["tags"]
     converge = yaml.safe_load((ROOT / "molecule/default/converge.yml").read_text())
-    assert converge[0]["vars"] == {"lcm_converge_full": True}
+    expr = converge[0]["vars"]["lcm_converge_full"]
+    probe = tmp_path / "probe.yml"
+    probe.write_text(yaml.safe_dump([{
+        "hosts": "localhost", "gather_facts": False, "vars": {"lcm_converge_full": expr},
+        "tasks": [{"ansible.builtin.debug": {"msg": "full={{ lcm_converge_full | bool }}"}}],
+    }]))  # fmt: skip
+    exe = str(Path(sys.executable).parent / "ansible-playbook")
+    for skip, want in (([], "full=False"), (["--skip-tags", "molecule-notest,notest"], "full=False"),
+                       (["--skip-tags", "molecule-idempotence-notest"], "full=True")):  # fmt: skip
+        out = subprocess.run([exe, "-i", "localhost,", "-c", "local", str(probe), *skip],
+                             capture_output=True, text=True, check=False, timeout=120)  # fmt: skip
+        assert out.returncode == 0 and want in out.stdout, (skip, out.stdout[-1500:])
     gen_play = yaml.safe_load((ROOT / "playbooks/generation.yml").read_text())[0]
     (mark,) = [t for t in gen_play["tasks"] if t.get("lcm_converge_state", {}).get("state") == "mark"]
     assert "not ansible_check_mode" in mark["when"]
