@@ -156,8 +156,8 @@ class RunConfig:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     rdzv_join_timeout_s: int = DEFAULT_JOIN_TIMEOUT_S
     hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S  # lcm agent only: a peer silent this long is a lost node
-    # lcm agent only, the fast process restart (docs/training.md, "Fast process restarts"): a warm spare per local rank (its CUDA
-    # context made before any failure), and the host copy of the last checkpoint in shared memory
+    # lcm agent only, the fast process restart (docs/training.md, "Fast process restarts"): a warm spare per
+    # local rank (its CUDA context made before any failure), and the checkpoint's host copy in shared memory
     warm_ranks: bool = False
     host_copy: bool = False
     checkpoint_dir: str | None = None  # None: <run_dir>/checkpoints

@@ -9,7 +9,8 @@ as a forked rank). EOF without an order means it is not needed: it exits 0.
 
 What it never does before the order: join a process group, read a checkpoint, build the model. Those
 depend on the generation (its rendezvous port) and on the checkpoint `latest` names at the restart.
-The CUDA context costs GPU memory (a few hundred MiB per spare) for the whole run; see docs/training.md, "Fast process restarts".
+The CUDA context costs GPU memory (a few hundred MiB per spare) for the whole run; see docs/training.md,
+"Fast process restarts".
 """
 
 from __future__ import annotations
