@@ -18,7 +18,17 @@ from pathlib import Path
 
 import pytest
 from faultmatrix import Matrix, Row
-from trainruns import MODEL, REPO, TIMEOUT_S, Run, _env, _free_port, _wait_for_no_leftovers, run_direct
+from trainruns import (
+    MODEL,
+    REPO,
+    TIMEOUT_S,
+    Run,
+    _env,
+    _free_port,
+    _wait_for_no_leftovers,
+    run_direct,
+    start_rank,
+)
 
 from lcm_runner.ckpt import catalog, integrity
 from lcm_runner.contracts import ExitCode, iter_dir_name
@@ -321,17 +331,9 @@ def test_full_disk_during_a_save_keeps_latest_and_removes_the_partial(
     ckpt = small_fs / "ckpt"
     procs = []
     for rank in range(2):
-        log = open(tmp_path / f"rank{rank}.log", "wb")  # noqa: SIM115
         args = [*MODEL, "--save", str(ckpt), "--telemetry-dir", str(tmp_path / "telemetry"), *extra]
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "lcm_runner.train", *args],
-                cwd=REPO,
-                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
+        e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+        procs.append(start_rank(args, e, tmp_path / f"rank{rank}.log", "fulldisk"))
     codes = [p.wait(timeout=TIMEOUT_S) for p in procs]
     out = (tmp_path / "rank0.log").read_text(errors="replace")
     assert codes == [ExitCode.CKPT_SAVE_FAILED] * 2, out[-3000:]

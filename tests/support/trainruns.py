@@ -1,6 +1,7 @@
 """Multi-process CPU runs of the trainer for the tests (tests/unit, tests/faults): two ranks started
 directly (env:// rendezvous as torchrun would set it) or under stock torchrun, a tag in every process's
-environment to find leftovers, and the run's telemetry."""
+environment to find leftovers, and the run's telemetry. Ranks started directly are forks of a warm
+process (forkserver.py: the agent's zygote for the tests) unless LCM_TEST_FORKSERVER=0."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import forkserver
 
 from lcm_runner.telemetry import load_run, steps
 
@@ -45,6 +48,40 @@ def _env(tag: str) -> dict[str, str]:
     return env
 
 
+_RUN_KEYS = ("LCM_TEST_TAG", "RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _server_env() -> dict[str, str]:
+    """The fork server's own environment: every rank's, without anything of one run."""
+    env = _env("")
+    for k in _RUN_KEYS:
+        env.pop(k, None)
+    return env
+
+
+def start_rank(args: list[str], env: dict[str, str], log: Path, tag: str):
+    """`python -m lcm_runner.train ARGS` with `env`, its output appended to `log`; a Popen-like handle."""
+    return forkserver.start(
+        [sys.executable, "-m", "lcm_runner.train", *args], env, REPO, log, tag, _server_env()
+    )
+
+
+def run_one(
+    run_dir: Path, args: list[str], env: dict[str, str], timeout: float = TIMEOUT_S
+) -> tuple[int, str]:
+    """One process of the trainer (no torchrun environment), run to its end: (exit code, its output)."""
+    env = {k: v for k, v in env.items() if k not in _RUN_KEYS[1:]}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / f"process-{uuid.uuid4().hex[:8]}.log"
+    p = start_rank(args, env, log, env.get("LCM_TEST_TAG", ""))
+    try:
+        code = p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return code, log.read_text(errors="replace")
+
+
 @dataclass
 class Run:
     dir: Path
@@ -69,16 +106,23 @@ class Run:
 
 
 def _leftovers(tag: str) -> list[str]:
+    """The live processes of a run: its tag in their environment, or (ranks forked by the fork server,
+    whose /proc environ is the server's) in a session one of its ranks leads."""
     found = []
+    sids = forkserver.sessions(tag)
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes()
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
         except OSError:
             continue
-        if f"LCM_TEST_TAG={tag}".encode() in env:
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] == b"Z":  # a zombie holds nothing (its parent reaps it)
+            continue
+        if f"LCM_TEST_TAG={tag}".encode() in env or int(fields[3]) in sids:
             found.append(f"{pid}: {cmd}")
     return found
 
@@ -115,16 +159,10 @@ def run_direct(
         str(run_dir / "telemetry"),
         *extra,
     ]
-    logs, procs = [], []
+    procs = []
     for rank in range(nproc):
-        log = open(run_dir / f"rank{rank}.log", "ab")  # noqa: SIM115
-        logs.append(log)
         e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "lcm_runner.train", *args], cwd=REPO, env=e, stdout=log, stderr=log
-            )
-        )
+        procs.append(start_rank(args, e, run_dir / f"rank{rank}.log", tag))
     try:
         if on_start is not None:
             on_start(procs, run_dir)
@@ -133,8 +171,6 @@ def run_direct(
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        for log in logs:
-            log.close()
     text = "\n".join((run_dir / f"rank{r}.log").read_text(errors="replace")[-3000:] for r in range(nproc))
     return Run(run_dir, codes, tag, text)
 

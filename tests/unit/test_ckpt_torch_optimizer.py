@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import io
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from trainruns import REPO, TIMEOUT_S, _env
+from trainruns import REPO, _env, run_one
 
 from lcm_runner.telemetry import load_run, of_event, steps
 
@@ -28,16 +26,12 @@ TINY = [
 ]  # fmt: skip
 
 
-def _train(run: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = _env("torch-optimizer")
-    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(k, None)
-    p = subprocess.run(
-        [sys.executable, "-m", "lcm_runner.train", *TINY, "--telemetry-dir", str(run / "telemetry"), *extra],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return p
+def _train(run: Path, *extra: str) -> str:
+    code, out = run_one(
+        run, [*TINY, "--telemetry-dir", str(run / "telemetry"), *extra], _env("torch-optimizer")
+    )
+    assert code == 0, out[-6000:]
+    return out
 
 
 def _keys(ckpt: Path) -> list[str]:

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from trainruns import REPO, TIMEOUT_S, Run, _env, run_direct
+from trainruns import REPO, Run, _env, run_direct, run_one
 
 from lcm_runner.telemetry import load_run, of_event, steps
 
@@ -36,15 +36,10 @@ CONTINUE = ["--train-iters", "5", "--no-load-optim", "--no-load-rng"]  # steps 3
 
 
 def one_process(run_dir: Path, argv: list[str]) -> Run:
-    env = _env(uuid.uuid4().hex)
-    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(k, None)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run(
-        [sys.executable, "-m", "lcm_runner.train", *argv, "--telemetry-dir", str(run_dir / "telemetry")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    return Run(run_dir, [p.returncode], "", p.stdout[-3000:] + p.stderr[-3000:])
+    code, out = run_one(
+        run_dir, [*argv, "--telemetry-dir", str(run_dir / "telemetry")], _env(uuid.uuid4().hex)
+    )
+    return Run(run_dir, [code], "", out[-6000:])
 
 
 def losses(run: Run) -> dict[int, float]:

@@ -28,6 +28,7 @@ from trainruns import (
     _leftovers,
     _wait_for_no_leftovers,
     run_direct,
+    run_one,
     run_torchrun,
 )
 
@@ -157,19 +158,8 @@ def test_tensor_parallel_with_sequence_parallel_matches_one_process(tmp_path: Pa
     )
     assert tp2.codes == [0, 0], tp2.log
     one = tmp_path / "one"
-    env = _env(uuid.uuid4().hex)
-    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(k, None)
-    p = subprocess.run(
-        [sys.executable, "-m", "lcm_runner.train", *argv, "--telemetry-dir", str(one / "telemetry")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    code, out = run_one(one, [*argv, "--telemetry-dir", str(one / "telemetry")], _env(uuid.uuid4().hex))
+    assert code == 0, out[-4000:]
     single = {r.step: r.get("loss_hex") for r in steps(load_run(one), rank=0)}
     got = tp2.losses()
     assert sorted(got) == sorted(single) == [1, 2, 3]
