@@ -267,7 +267,8 @@ if [[ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]]; then
     exit 0
 fi
 # The job's process records USR1 and stops (as the trainer checkpoints and exits 75).
-srun --ntasks=1 bash -c 'trap "echo got-USR1 >> {dir}/events; exit 75" USR1; sleep 170 & wait'
+srun --ntasks=1 bash -c 'trap "echo got-USR1 >> {dir}/events; exit 75" USR1; echo step-up >> {dir}/events
+  sleep 170 & wait'
 echo "step rc=$?" >> "$log"
 if grep -q got-USR1 "$log"; then
     echo "requeue" >> "$log"
@@ -279,41 +280,50 @@ sleep 30
 
 @pytest.mark.groups("controller")
 def test_signal_reaches_job_and_requeue_works(host: Any, shared_job_dir: str) -> None:
-    """--signal=USR1@100 with --time=3: USR1 reaches the srun step's process; the job requeues itself
-    with `scontrol requeue` and runs again (SLURM_RESTART_COUNT=1).
+    """--signal=USR1@100: USR1 reaches the srun step's process; the job requeues itself with `scontrol
+    requeue` and runs again (SLURM_RESTART_COUNT=1).
 
-    Slurm sends the signal up to 60 s early (its timer resolution), so it comes 20-80 s after the start:
-    never before the step exists. With --time=2 the signal was due at once and came at slurmctld's
-    first timer tick after the start; when that tick comes before srun has launched the step, the signal
-    reaches no process, the job runs into its time limit and the test waits out its 300 s (most likely
-    the Debian 13 failure of the CI of 2026-12-05: its verify took 373 s instead of 80 s)."""
+    Slurm sends the warning when its periodic time-limit check finds end time - 100 s passed (up to 60 s
+    early: that check's resolution), so with a limit fixed at submission it could come before srun has
+    launched the step (the signal then reaches no process: most likely the Debian 13 failure of the CI of
+    2026-12-05) or, to be safe, only 20-80 s after the start (70-88 s of every CI's verify). Here the job
+    starts with --time=3; once its step is up (it writes step-up), the test cuts the limit to 2 minutes
+    with `scontrol update TimeLimit=2`, which brings the warning within Slurm's next passes of its check
+    (every 30 s): Slurm itself then sends it, to the running step, well before the new limit."""
     node = _group(host, "compute")[0]
     node.check_output(f"cat > {shared_job_dir}/job.sh << 'EOF'\n{SIGNAL_JOB.format(dir=shared_job_dir)}EOF")
     job_id = host.check_output(f"sbatch --parsable {shared_job_dir}/job.sh").strip()
-    events, released = "", False
+    events, released, cut = "", False, None
     started = time.monotonic()
     try:
         while time.monotonic() - started < 300:
             events = node.run(f"cat {shared_job_dir}/events 2>/dev/null").stdout
             if "resumed" in events:
                 break
+            if "step-up" in events and cut is None:
+                host.check_output(f"scontrol update JobId={job_id} TimeLimit=2")
+                cut = time.monotonic() - started
             state = host.run(f"squeue --noheader --jobs={job_id} --format='%T|%r'").stdout.strip()
             if "requeue" in events and state.startswith("PENDING") and "BeginTime" in state and not released:
                 # Slurm holds a requeued batch job until a BeginTime in the future; start it now
                 # (what is tested is that the job was requeued and runs again).
                 host.run(f"scontrol update JobId={job_id} StartTime=now")
                 released = True
-            time.sleep(3)
+            time.sleep(1)
     finally:
         host.run(f"scancel {job_id}")
     elapsed = time.monotonic() - started
     lines = events.splitlines()
     assert "got-USR1" in lines, f"{events!r}; job {job_id}: {host.run(f'scontrol show job {job_id}').stdout}"
+    assert lines.index("step-up") < lines.index("got-USR1")
     assert "requeue" in lines, events
     assert "resumed" in lines, f"not run again within {elapsed:.0f}s: {events}"
     assert lines[0].startswith("start restart=0")
     assert any(line.startswith("start restart=1") for line in lines)
-    print(f"USR1 -> requeue -> second run took {elapsed:.0f}s (BeginTime released early: {released})")
+    print(
+        f"USR1 -> requeue -> second run took {elapsed:.0f}s (limit cut at {cut:.0f}s; "
+        f"BeginTime released early: {released})"
+    )
 
 
 @pytest.mark.groups("compute")
