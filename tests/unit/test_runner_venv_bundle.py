@@ -22,7 +22,12 @@ from _role_run import REPO
 HOSTS = ("h1", "h2")
 
 
-def _run(tmp_path: Path, bundle_dir: str, homes: dict[str, Path] | None = None) -> dict:
+def _run(
+    tmp_path: Path,
+    bundle_dir: str,
+    homes: dict[str, Path] | None = None,
+    mounts: dict[str, str] | None = None,
+) -> dict:
     venv = tmp_path / "venv"
     homes = homes or {h: tmp_path / "home" for h in HOSTS}
     hosts = list(homes)
@@ -39,6 +44,8 @@ def _run(tmp_path: Path, bundle_dir: str, homes: dict[str, Path] | None = None) 
                     "ansible_connection": "local",
                     "ansible_python_interpreter": sys.executable,
                     "lcm_runner_home": str(homes[h]),
+                    # the node sees the bundle's storage (an existing path) or not
+                    "lcm_runner_venv_bundle_mount": (mounts or {}).get(h, str(tmp_path)),
                 }
                 for h in hosts
             }
@@ -153,13 +160,19 @@ def test_one_host_builds_the_bundle_the_others_unpack_it_and_a_damaged_one_is_re
     assert _imports(again["venv"])  # the venv in place is untouched
 
 
-def test_a_failed_builder_leaves_the_other_to_pip(tmp_path: Path, bundles: Path) -> None:
+def test_a_failed_builder_leaves_the_other_to_pip_and_a_node_without_the_storage_uses_pip(
+    tmp_path: Path, bundles: Path
+) -> None:
     bad = tmp_path / "bad-home" / "requirements"
     bad.mkdir(parents=True)
     (bad / "node.lock").write_text("this is not a requirement !!\n")  # pip fails at once, offline
     (bad / "megatron.lock").write_text("idna==3.10\n")
-    r = _run(tmp_path, str(bundles), {"h1": tmp_path / "bad-home", "h2": tmp_path / "home"})
+    homes = {"h0": tmp_path / "home", "h1": tmp_path / "bad-home", "h2": tmp_path / "home"}
+    # h0 comes first in play order but does not see the storage: it is not the builder, it uses pip
+    r = _run(tmp_path, str(bundles), homes, mounts={"h0": str(tmp_path / "not-mounted")})
     assert set(r["failed"]) == {"h1"}
+    assert _how(r)["h0"] == "pip" and PIP in r["ran"]["h0"]
+    assert r["facts"]["h0"]["_lcm_runner_venv_from"].strip() == "pip"
     assert _how(r)["h2"] == "unpack"
     assert PIP in r["ran"]["h2"] and UNPACK not in r["ran"]["h2"]
     assert r["facts"]["h2"]["_lcm_runner_venv_from"].strip() == "pip (no bundle appeared)"
