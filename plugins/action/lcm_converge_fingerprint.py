@@ -71,6 +71,21 @@ def project_files(root: Path) -> list[str]:
     ]
 
 
+MOLECULE_MARK = b"# Molecule managed"
+
+
+def molecule_managed(path: Path) -> bool:
+    """Molecule's own inventory file (it passes one beside the project's: its first line says so). It holds
+    no host or group, only molecule_* variables looked up from molecule's environment, and is made from
+    molecule.yml, which the project files cover: leaving it out makes molecule's converge and a plain
+    `ansible-playbook site.yml` of the same inputs one fingerprint."""
+    try:
+        with path.open("rb") as f:
+            return f.read(len(MOLECULE_MARK)) == MOLECULE_MARK
+    except OSError:
+        return False
+
+
 def _hash_tree(h: Any, label: str, root: Path, names: Iterable[str]) -> int:
     n = 0
     for name in names:
@@ -98,12 +113,15 @@ def fingerprint(
     h = hashlib.sha256()
     n_project = _hash_tree(h, "project", root, project_files(root))
     n_inventory = 0
+    n_molecule = 0
     for src in sorted({str(Path(s).resolve()) for s in inventory_sources if s and Path(s).exists()}):
         p = Path(src)
-        if p.is_dir():
-            n_inventory += _hash_tree(h, f"inventory:{src}", p, _walk(p))
-        else:
-            n_inventory += _hash_tree(h, "inventory", p.parent, [p.name])
+        names = _walk(p) if p.is_dir() else [p.name]
+        base = p if p.is_dir() else p.parent
+        kept = [n for n in names if not molecule_managed(base / n)]
+        n_molecule += len(names) - len(kept)
+        if kept:
+            n_inventory += _hash_tree(h, f"inventory:{src}" if p.is_dir() else "inventory", base, kept)
     ev = {k: v for k, v in extra_vars.items() if k not in NOT_AN_INPUT_VARS}
     skip = sorted(set(cli.get("skip_tags") or ()) - UNUSED_SKIP_TAGS)
     run = {
@@ -120,6 +138,7 @@ def fingerprint(
     summary = {
         "project_files": n_project,
         "inventory_files": n_inventory,
+        "molecule_inventory_files_left_out": n_molecule,
         "extra_vars": sorted(ev),
         "tags": run["tags"],
         "skip_tags": skip,

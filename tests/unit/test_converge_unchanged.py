@@ -158,6 +158,38 @@ def test_command_line_environment_and_inventory_are_inputs(repo: Path, field: st
     assert _fp(repo, **{field: value}) != _fp(repo)
 
 
+MOLECULE_INVENTORY = """# Molecule managed
+
+---
+all:
+  vars:
+    molecule_file: '{{ lookup(''env'', ''MOLECULE_FILE'') }}'
+ungrouped:
+  vars: {}
+"""
+
+
+def test_molecules_own_inventory_is_left_out_and_any_other_extra_one_counts(
+    repo: Path, tmp_path: Path
+) -> None:
+    """molecule passes its generated inventory (no hosts, molecule_* lookups, made from molecule.yml) before
+    the project's: its converge and a plain `ansible-playbook site.yml` must be one fingerprint (the CI of
+    2026-12-06 differed by it: 5 inventory files against 4). Any other inventory source is an input."""
+    mol = tmp_path / "molecule.AbCd.default" / "inventory"
+    mol.mkdir(parents=True)
+    (mol / "ansible_inventory.yml").write_text(MOLECULE_INVENTORY)
+    plain = [str(repo / "inventories/lab")]
+    digest, summary = fpm.fingerprint(repo, [str(mol), *plain], {"all": ["a"]}, {}, {"tags": ("all",)}, {})
+    assert digest == fpm.fingerprint(repo, plain, {"all": ["a"]}, {}, {"tags": ("all",)}, {})[0]
+    assert summary["inventory_files"] == 1 and summary["molecule_inventory_files_left_out"] == 1
+    other = tmp_path / "site-inventory"
+    other.mkdir()
+    (other / "hosts.yml").write_text(MOLECULE_INVENTORY.replace("# Molecule managed", "# a site's own"))
+    assert (
+        fpm.fingerprint(repo, [str(other), *plain], {"all": ["a"]}, {}, {"tags": ("all",)}, {})[0] != digest
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
