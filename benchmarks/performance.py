@@ -186,10 +186,11 @@ def inprocess_figure() -> Figure:
 
 
 def _converge_run(run: str) -> tuple[dict, dict, Path] | None:
-    """The newest converge result holding a run of that name: (result, run, file)."""
+    """The newest converge result holding a run of that name, or of the default lab's 2 compute nodes in a
+    --compute-nodes run (`<run>-c2`: the same lab): (result, run, file)."""
     for f in sorted(RESULTS.glob("converge-*.json"), reverse=True):
         d = json.loads(f.read_text())
-        r = next((x for x in d["runs"] if x["name"] == run), None)
+        r = next((x for x in d["runs"] if x["name"] in (run, f"{run}-c2")), None)
         if r is not None:
             return d, r, f
     return None
@@ -209,7 +210,8 @@ def converge_figures() -> list[Figure]:
             out.append(_missing(f"{label} of the lab", f"<= {target:.0f} s", "no converge result with it"))
             continue
         d, r, f = got
-        name = f"{label}, {len(d['nodes'])} lab nodes"
+        hosts = [h for h in r.get("per_host", {}) if h != "localhost"] or d["nodes"]
+        name = f"{label}, {len(hosts)} lab nodes"
         slow = r.get("slowest_tasks", [])[:2]
         why = f"{r.get('ok', 0)} task results over the nodes; slowest: " + "; ".join(
             f"{t['task']} {t['seconds']:.0f} s" for t in slow
