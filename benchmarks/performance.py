@@ -165,6 +165,38 @@ def agent_kill_figure() -> Figure:
     return _missing("trainer kill -> first new step (one GPU), the agent", target, "no call with agent_kill")
 
 
+def warm_kill_figure() -> Figure:
+    """kill -9 of the trainer on one GPU under the agent with --warm-ranks --host-copy, beside the plain
+    agent's restart of the same call."""
+    target = "<= 3 s"
+    name = "trainer kill -> first new step (one GPU), the agent with warm spares + the shared host copy"
+    for f, cases, card in _restart_calls():
+        if "agent_kill_warm" in cases:
+            r = cases["agent_kill_warm"]
+            s = r["fault_to_first_step_s"]
+            base = cases.get("agent_kill")
+            absolute = f"{s / 3:.2f}x the target" + (
+                f"; {s / base['fault_to_first_step_s']:.2f}x the plain agent's "
+                f"{base['fault_to_first_step_s']:.2f} s in the same call"
+                if base
+                else ""
+            )
+            why = (
+                f"the dead process's teardown {r.get('fault_to_detected_s')} s, the spare's start to its "
+                f"process group and model {r['fault_to_start_s']:.1f} s, the load ({r.get('resume_source')}) "
+                f"{r['resume_load_s']:.1f} s, the first step {r['first_step_time_s']:.1f} s"
+            )
+            return Figure(name.replace("one GPU", f"one {card}"), target, f"{s:.2f} s", absolute, s <= 3.0,
+                          _rel(f), "" if s <= 3.0 else why)  # fmt: skip
+    return _missing(
+        name,
+        target,
+        "built and tested on CPU (tests/faults/test_warm_restart.py); no GPU call of "
+        "benchmarks/restart_paths.sh with agent_kill_warm committed yet: the lent GPU machines did not "
+        "start on 2026-12-06",
+    )
+
+
 def inprocess_figure() -> Figure:
     """An exception in the trainer: NVRx's in-process restart against the agent's restart, one call."""
     target = "<= 3 s"
@@ -287,7 +319,7 @@ def engine_figures() -> list[Figure]:
 
 SECTIONS: list[tuple[str, Callable[[], list[Figure]]]] = [
     ("Checkpoints", lambda: [*ckpt_figures(), cpu_async_figure()]),
-    ("Recovery", lambda: [recovery_figure(), agent_kill_figure(), inprocess_figure()]),
+    ("Recovery", lambda: [recovery_figure(), agent_kill_figure(), warm_kill_figure(), inprocess_figure()]),
     ("Converges", converge_figures),
     ("Scale", lambda: [render_figure()]),
     ("Training engine", engine_figures),
