@@ -71,3 +71,65 @@ def test_preflight_rejects_a_relative_venv(tmp_path):
     run = _preflight(tmp_path, lcm_runner_venv="opt/venv")
     assert run.rc != 0
     assert "lcm_runner_venv (opt/venv)" in " ".join(run.failed_msgs)
+
+
+def _verify(tmp_path: Path, key: str, pyver: str = "3.11"):
+    """tasks/run.yml alone, with a venv whose python and CLI are scripts that log each start."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "starts.log"
+    for name, out in (
+        ("python", "python 3.11 torch 2.x megatron-core 0.x lcm_runner 0.x"),
+        ("cli", "usage: lcm-runner"),
+    ):
+        script = venv / "bin" / name
+        script.write_text(f'#!/bin/sh\necho {name} >> {log}\necho "{out}"\n')
+        script.chmod(0o755)
+    extra = {
+        "lcm_runner_venv": str(venv),
+        "_lcm_runner_bin_link": str(venv / "bin/cli"),
+        "_lcm_runner_key": key,
+        "_lcm_runner_pyver": {"stdout": pyver},
+    }
+    run = run_role("lcm_runner", tmp_path, extra, tasks_from="run")
+    assert run.rc == 0, run.failed_msgs or run.stderr[-2000:]
+    starts = log.read_text().split() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return run, starts
+
+
+def test_the_venv_is_verified_once_per_install_key_and_python(tmp_path):
+    run, starts = _verify(tmp_path, "k1")
+    assert starts == ["python", "cli"] and run.changed == 1, (
+        "a new install: imports and CLI checked, recorded"
+    )
+    assert (tmp_path / "venv/.lcm_runner_verified").read_text() == "k1 python 3.11\n"
+    run, starts = _verify(tmp_path, "k1")
+    assert starts == [] and run.changed == 0, "the same install: no torch start on a no-op converge"
+    _, starts = _verify(tmp_path, "k2")
+    assert starts == ["python", "cli"], "another install key: verified again"
+    _, starts = _verify(tmp_path, "k2", pyver="3.13")
+    assert starts == ["python", "cli"], "another node Python: verified again"
+    (tmp_path / "venv/.lcm_runner_verified").unlink()
+    _, starts = _verify(tmp_path, "k2", pyver="3.13")
+    assert starts == ["python", "cli"], (
+        "a venv without the record (a new venv from the bundle): verified again"
+    )
+
+
+def test_a_failed_verification_records_nothing_and_the_next_converge_checks_again(tmp_path):
+    _verify(tmp_path, "k1")
+    good = (tmp_path / "venv/bin/python").read_text()
+    (tmp_path / "venv/bin/python").write_text("#!/bin/sh\necho 'ModuleNotFoundError: torch' >&2\nexit 1\n")
+    extra = {
+        "lcm_runner_venv": str(tmp_path / "venv"),
+        "_lcm_runner_bin_link": str(tmp_path / "venv/bin/cli"),
+        "_lcm_runner_key": "k2",
+        "_lcm_runner_pyver": {"stdout": "3.11"},
+    }
+    run = run_role("lcm_runner", tmp_path, extra, tasks_from="run")
+    assert run.rc != 0 and "ModuleNotFoundError" in str(run.task("Import megatron.core"))
+    assert (tmp_path / "venv/.lcm_runner_verified").read_text() == "k1 python 3.11\n", "k2 not recorded"
+    (tmp_path / "venv/bin/python").write_text(good)
+    _, starts = _verify(tmp_path, "k2")
+    assert starts == ["python", "cli"], "the failed install key is checked again by the next converge"
