@@ -265,6 +265,28 @@ def converge_figures() -> list[Figure]:
     return out
 
 
+def ansible_core_figures() -> list[Figure]:
+    """Per host-task cost of each measured ansible-core release / the locked one (ansible_core.py)."""
+    name = "task cost, ansible-core releases / the locked one"
+    f = _newest("ansible-core-*.json", RESULTS)
+    if f is None:
+        return [_missing(name, "none (beside)", "benchmarks/ansible_core.py not run")]
+    d = json.loads(f.read_text())
+    locked = next(x for x in d["releases"] if x["version"] == d["locked"])
+    out = []
+    for r in d["releases"]:
+        if r is locked:
+            continue
+        absolute = (
+            f"{r['ms_per_host_task_wall']:.0f} vs {locked['ms_per_host_task_wall']:.0f} ms wall per "
+            f"host-task; CPU {r['cpu_vs_locked']:.2f}x ({d['tasks']} tasks x {d['hosts']} local hosts, "
+            f"median of {d['repeats']})"
+        )
+        name = f"task cost, ansible-core {r['version']} / the locked {d['locked']}"
+        out.append(Figure(name, "none (beside)", f"{r['wall_vs_locked']:.2f}", absolute, None, _rel(f)))
+    return out
+
+
 def scale_figure() -> Figure:
     """Fresh converge with 8 compute nodes / with 2, from one converge run (--compute-nodes 2,8)."""
     name, target = "fresh converge, 8 compute nodes / 2", "<= 1.5"
@@ -320,7 +342,7 @@ def engine_figures() -> list[Figure]:
 SECTIONS: list[tuple[str, Callable[[], list[Figure]]]] = [
     ("Checkpoints", lambda: [*ckpt_figures(), cpu_async_figure()]),
     ("Recovery", lambda: [recovery_figure(), agent_kill_figure(), warm_kill_figure(), inprocess_figure()]),
-    ("Converges", converge_figures),
+    ("Converges", lambda: [*converge_figures(), *ansible_core_figures()]),
     ("Scale", lambda: [render_figure()]),
     ("Training engine", engine_figures),
 ]
