@@ -4,29 +4,18 @@ here; the lab's converge installs and holds for real and tests/infra checks pins
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from _plugin_modules import load_module
 from _role_run import run_role
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "lcm_apt_pinned", ROOT / "plugins/modules/lcm_apt_pinned.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-apt = _load()
+apt = load_module("lcm_apt_pinned")
 
 
 def _installed(name: str) -> str:

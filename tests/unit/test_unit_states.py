@@ -5,30 +5,19 @@ The lab's converge runs it against the nodes' real systemd (slurmd/slurmctld sto
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from _plugin_modules import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "lcm_unit_states", ROOT / "plugins/modules/lcm_unit_states.py"
-    )
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-us = _load()
+us = load_module("lcm_unit_states")
 
 # `systemctl show --property=Id,LoadState,ActiveState,UnitFileState -- nope.service ssh.service
 # systemd-journald.service` on a lab node container
