@@ -20,6 +20,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,8 @@ def running_core() -> str | None:
 class Release:
     version: str
     playbook: str  # ansible-playbook of this release
+    interpreter: str = "/usr/bin/python3"  # the node's Python
+    module_cache: bool = False  # the node's Python has roles/common's module bytecode cache
     runs: list[dict[str, float]] = field(default_factory=list)
 
     def median(self, key: str) -> float:
@@ -91,9 +94,38 @@ def write_play(work: Path, tasks: int, hosts: int) -> tuple[Path, Path]:
     return play, inv
 
 
-def one_run(playbook: str, play: Path, inv: Path, work: Path) -> dict[str, float]:
+def node_python(work: Path, module_cache: bool) -> str:
+    """A venv of /usr/bin/python3 as the node's interpreter, with roles/common's module cache or without."""
+    venv = VENVS / ("node-cache" if module_cache else "node-plain")
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    if module_cache:
+        site = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        cache = work / "module-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir(mode=0o700, parents=True)
+        template = (REPO / "roles/common/templates/lcm_module_cache.py.j2").read_text()
+        hook = template.replace("{{ ansible_managed }}", "benchmarks/ansible_core.py").replace(
+            "{{ _common_module_cache_dir | to_json }}", json.dumps(str(cache))
+        )
+        if "{{" in hook:
+            raise SystemExit(
+                "roles/common/templates/lcm_module_cache.py.j2 has a template expression this does not fill"
+            )
+        Path(site, "lcm_module_cache.py").write_text(hook)
+        Path(site, "lcm-module-cache.pth").write_text("import lcm_module_cache\n")
+    return str(python)
+
+
+def one_run(
+    playbook: str, play: Path, inv: Path, work: Path, interpreter: str = "/usr/bin/python3"
+) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env |= {"ANSIBLE_CONFIG": str(work / "ansible.cfg"), "ANSIBLE_PYTHON_INTERPRETER": "/usr/bin/python3"}
+    env |= {"ANSIBLE_CONFIG": str(work / "ansible.cfg"), "ANSIBLE_PYTHON_INTERPRETER": interpreter}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     p = subprocess.run([playbook, "-i", str(inv), str(play)], env=env, capture_output=True, text=True)
@@ -112,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", type=int, default=60)
     ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--module-cache", action="store_true",
+        help="also the locked release with roles/common's module cache on the node"
+        " (both then on venvs of /usr/bin/python3)",
+    )  # fmt: skip
     ap.add_argument("--results-dir", type=Path, default=RESULTS, help="where the JSON goes")
     args = ap.parse_args(argv)
     versions = [v.strip() for v in args.versions.split(",") if v.strip()]
@@ -122,12 +159,21 @@ def main(argv: list[str] | None = None) -> int:
     work = args.results_dir / ".ansible-core-play" if args.results_dir != RESULTS else VENVS / "play"
     play, inv = write_play(work, args.tasks, args.hosts)
     releases = [Release(v, playbook_for(v)) for v in versions]
+    if args.module_cache:
+        for r in releases:
+            r.interpreter = node_python(work, module_cache=False)
+        releases.append(
+            Release(lock, playbook_for(lock), node_python(work, module_cache=True), module_cache=True)
+        )
     for _ in range(args.repeats):
         for r in releases:
-            r.runs.append(one_run(r.playbook, play, inv, work))
-            print(f"ansible-core {r.version}: {r.runs[-1]}", flush=True)
+            r.runs.append(one_run(r.playbook, play, inv, work, r.interpreter))
+            print(
+                f"ansible-core {r.version}{' + module cache' if r.module_cache else ''}: {r.runs[-1]}",
+                flush=True,
+            )
     host_tasks = args.tasks * args.hosts
-    base = next(r for r in releases if r.version == lock)
+    base = next(r for r in releases if r.version == lock and not r.module_cache)
     out = {
         "when": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
@@ -150,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for r in out["releases"]:
         r.pop("playbook")
+        r.pop("interpreter")
     args.results_dir.mkdir(parents=True, exist_ok=True)
     dest = args.results_dir / f"ansible-core-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}.json"
     dest.write_text(json.dumps(out, indent=2) + "\n")

@@ -276,25 +276,30 @@ def converge_figures() -> list[Figure]:
 
 
 def ansible_core_figures() -> list[Figure]:
-    """Per host-task cost of each measured ansible-core release / the locked one (ansible_core.py)."""
+    """Per host-task cost of each measured ansible-core variant / the locked release (ansible_core.py):
+    each variant from the newest result file that has it."""
     name = "task cost, ansible-core releases / the locked one"
-    f = _newest("ansible-core-*.json", RESULTS)
-    if f is None:
+    files = sorted(RESULTS.glob("ansible-core-*.json"), reverse=True)
+    if not files:
         return [_missing(name, "none (beside)", "benchmarks/ansible_core.py not run")]
-    d = json.loads(f.read_text())
-    locked = next(x for x in d["releases"] if x["version"] == d["locked"])
-    out = []
-    for r in d["releases"]:
-        if r is locked:
-            continue
-        absolute = (
-            f"{r['ms_per_host_task_wall']:.0f} vs {locked['ms_per_host_task_wall']:.0f} ms wall per "
-            f"host-task; CPU {r['cpu_vs_locked']:.2f}x ({d['tasks']} tasks x {d['hosts']} local hosts, "
-            f"median of {d['repeats']})"
-        )
-        name = f"task cost, ansible-core {r['version']} / the locked {d['locked']}"
-        out.append(Figure(name, "none (beside)", f"{r['wall_vs_locked']:.2f}", absolute, None, _rel(f)))
-    return out
+    out: dict[str, Figure] = {}
+    for f in files:
+        d = json.loads(f.read_text())
+        locked = next(x for x in d["releases"] if x["version"] == d["locked"] and not x.get("module_cache"))
+        for r in d["releases"]:
+            if r is locked:
+                continue
+            absolute = (
+                f"{r['ms_per_host_task_wall']:.0f} vs {locked['ms_per_host_task_wall']:.0f} ms wall per "
+                f"host-task; CPU {r['cpu_vs_locked']:.2f}x ({d['tasks']} tasks x {d['hosts']} local hosts, "
+                f"median of {d['repeats']})"
+            )
+            variant = f"{r['version']} + the nodes' module cache" if r.get("module_cache") else r["version"]
+            name = f"task cost, ansible-core {variant} / the locked {d['locked']}"
+            out.setdefault(
+                name, Figure(name, "none (beside)", f"{r['wall_vs_locked']:.2f}", absolute, None, _rel(f))
+            )
+    return list(out.values())
 
 
 def scale_figure() -> Figure:

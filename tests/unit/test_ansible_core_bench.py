@@ -46,3 +46,22 @@ def test_the_page_row_compares_each_other_release_with_the_locked_one(tmp_path: 
     assert row.name == "task cost, ansible-core 2.18.19 / the locked 2.19.14"
     assert row.value == "0.72" and row.met is None
     assert row.absolute.startswith("90 vs 125 ms wall per host-task; CPU 0.70x")
+
+
+def test_the_module_cache_variant_runs_the_nodes_python_through_the_hook(tmp_path: Path, monkeypatch) -> None:
+    locked = bench.locked_core()
+    rc = bench.main(["--versions", locked, "--tasks", "2", "--hosts", "1", "--repeats", "1", "--module-cache",
+                     "--results-dir", str(tmp_path)])  # fmt: skip
+    assert rc == 0
+    (out,) = tmp_path.glob("ansible-core-*.json")
+    d = json.loads(out.read_text())
+    plain, cached = d["releases"]
+    assert (plain["version"], plain["module_cache"]) == (locked, False) and plain["wall_vs_locked"] == 1.0
+    assert (cached["version"], cached["module_cache"]) == (locked, True)
+    # the cached run's modules went through roles/common's hook: its cache directory has their entries
+    entries = list((tmp_path / ".ansible-core-play" / "module-cache").iterdir())
+    assert len(entries) >= 10
+    monkeypatch.setattr(perf, "RESULTS", tmp_path)
+    monkeypatch.setattr(perf, "REPO", tmp_path)
+    (row,) = perf.ansible_core_figures()
+    assert row.name == f"task cost, ansible-core {locked} + the nodes' module cache / the locked {locked}"
