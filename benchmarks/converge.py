@@ -4,6 +4,7 @@
     python benchmarks/converge.py --fresh   # lab absent -> site.yml (fresh), then site.yml again (no-op)
     python benchmarks/converge.py --fresh --strategies linear,mitogen_linear   # both, each fresh + no-op
     python benchmarks/converge.py --fresh --compute-nodes 2,8   # the lab with 2, then 8 compute nodes
+    python benchmarks/converge.py --fresh --module-cache off,on   # without, then with the nodes' module cache
     python benchmarks/converge.py           # no-op re-converges of the running lab only (non-destructive)
 
 Each case ends with two no-op runs: `noop` with -e lcm_converge_full=true (every role runs and reports ok),
@@ -181,7 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         help="with --fresh: comma-separated lab compute node counts, each converged fresh + no-op in turn "
         "(LAB_COMPUTE_NODES; runs named fresh-c<n>, noop-c<n>), e.g. 2,8 for the scale ratio",
     )
+    parser.add_argument(
+        "--module-cache",
+        default="",
+        help="comma-separated off/on: each case in turn with -e common_module_cache=<false|true> "
+        "(roles/common's bytecode cache for module payloads on the nodes; runs without it named "
+        "<run>-nocache), e.g. off,on for the ratio of one run; default: the spec's setting, no suffix",
+    )
     options = parser.parse_args(argv)
+    caches = [c.strip() for c in options.module_cache.split(",") if c.strip()]
+    if any(c not in ("off", "on") for c in caches):
+        parser.error(f"--module-cache takes off and/or on, got {options.module_cache!r}")
     prefix = f"{options.label}:" if options.label else ""
     counts = [int(c) for c in options.compute_nodes.split(",") if c.strip()]
     if counts and not options.fresh:
@@ -193,21 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Converge] = []
     leftovers: list[str] | None = None
     # --fresh: each strategy (and node count) in turn destroys the lab, converges it fresh and then once more
-    cases = [(s, c) for s in options.strategies.split(",") for c in (counts or [None])]
-    for strategy, count in cases:
+    strategies = options.strategies.split(",")
+    cases = [(s, c, m) for s in strategies for c in (counts or [None]) for m in (caches or [None])]
+    for strategy, count, cache in cases:
         suffix = ("" if strategy == "linear" else f"-{strategy}") + (f"-c{count}" if count else "")
+        suffix += "-nocache" if cache == "off" else ""
         env = strategy_env(strategy) | ({"LAB_COMPUTE_NODES": str(count)} if count else {})
+        extra = ["-e", f"common_module_cache={'true' if cache == 'on' else 'false'}"] if cache else []
         if options.fresh:
             absent = ["playbooks/lab.yml", "-e", "state=absent"]
             runs.append(run_playbook(f"{prefix}absent{suffix}", absent, log_dir, env))
             leftovers = (leftovers or []) + lab_leftovers()
-            runs.append(run_playbook(f"{prefix}fresh{suffix}", [options.playbook], log_dir, env))
+            runs.append(run_playbook(f"{prefix}fresh{suffix}", [options.playbook, *extra], log_dir, env))
         # noop: every role runs (the unchanged check off); unchanged: the plain re-run, which the unchanged
         # check (playbooks/unchanged.yml) skips when the inputs and every node are as the last converge left
         # them
-        full = [options.playbook, "-e", "lcm_converge_full=true"]
+        full = [options.playbook, "-e", "lcm_converge_full=true", *extra]
         runs.append(run_playbook(f"{prefix}noop{suffix}", full, log_dir, env))
-        runs.append(run_playbook(f"{prefix}unchanged{suffix}", [options.playbook], log_dir, env))
+        runs.append(run_playbook(f"{prefix}unchanged{suffix}", [options.playbook, *extra], log_dir, env))
 
     result = {
         "benchmark": "converge",
@@ -217,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": sorted(h for h in runs[-1].per_host if h != "localhost"),
         "strategies": options.strategies.split(","),
         "compute_nodes": counts,
+        "module_cache": caches,
         "label": options.label,
         "runs": [asdict(r) for r in runs],
         "noop_changed": runs[-1].changed,

@@ -263,6 +263,15 @@ def converge_figures() -> list[Figure]:
         ok = r["seconds"] <= target and r["rc"] == 0 and (run == "fresh" or r.get("changed") == 0)
         value, absolute = f"{r['seconds']:.0f} s", f"{r['seconds'] / target:.2f}x the target"
         out.append(Figure(name, f"<= {target:.0f} s", value, absolute, ok, _rel(f), "" if ok else why))
+        plain = next((x for x in d["runs"] if x["name"] == f"{run}-nocache"), None)
+        if plain is not None and run != "unchanged":
+            ratio = r["seconds"] / plain["seconds"]
+            absolute = (
+                f"{r['seconds']:.0f} s with the module cache vs {plain['seconds']:.0f} s without "
+                "(common_module_cache=false), one run"
+            )
+            out.append(Figure(f"{label}: with the nodes' module cache / without", "none (beside)",
+                              f"{ratio:.2f}", absolute, None, _rel(f)))  # fmt: skip
         mito = next((x for x in d["runs"] if x["name"] == f"{run}-mitogen_linear"), None)
         if mito is not None:
             ratio = mito["seconds"] / r["seconds"]

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 STAGES_RUN1 = "docs/results/h200x2-stages/run-1"
 STAGES_RUN2 = "docs/results/h200x2-stages/run-2-fault"
 LAB_SLURM_FAULT = "docs/results/lab-slurm/stages/fault.json"
-CONVERGE = "benchmarks/results/converge-20261206-053308.json"
+CONVERGE = "benchmarks/results/converge-20261207-124016.json"
 # the lab's single node faults, last run alone (docs/reliability.md)
 MATRIX_LAB_NODES = "docs/results/faults/lab-node-faults.jsonl"
 MATRIX_CPU = "docs/results/faults/matrix-cpu.jsonl"

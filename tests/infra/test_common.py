@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
+import ansible
 from conftest import cluster_spec, in_container, lcm_fact, lock_for, role_var
 
 SYSCTL_FILE = "/etc/sysctl.d/90-lcm.conf"
@@ -117,3 +120,31 @@ def test_managed_files_recorded(host: Any) -> None:
     assert "/etc/ansible/facts.d/lcm.fact" in data["files"]
     for path in data["files"]:
         assert path.startswith("/") and host.file(path).exists, f"{path} recorded but missing"
+
+
+def test_module_cache_serves_the_converges_modules(host: Any) -> None:
+    """roles/common's bytecode cache (common_module_cache): the hook is loaded by the node's system Python,
+    the cache directory is root's alone, and the converge's own modules filled it: the entry of the
+    controller's module_utils/basic.py (every module imports it) sits where the hook's key puts it."""
+    version = host.check_output("/usr/bin/python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'")
+    site = f"/usr/local/lib/python{version}/dist-packages"
+    hook, pth = host.file(f"{site}/lcm_module_cache.py"), host.file(f"{site}/lcm-module-cache.pth")
+    cache = host.file("/var/cache/lcm/module-cache")
+    if not role_var(host, "common", "common_module_cache"):
+        assert not hook.exists and not pth.exists and not cache.exists
+        return
+    assert hook.exists and hook.user == "root" and hook.mode == 0o644
+    assert pth.content_string == "import lcm_module_cache\n"
+    assert cache.is_directory and cache.user == "root" and cache.group == "root" and cache.mode == 0o700
+    hooks = host.check_output("/usr/bin/python3 -c 'import sys; print(sys.path_hooks[0].__module__)'")
+    assert hooks == "lcm_module_cache"
+    magic = bytes.fromhex(
+        host.check_output("/usr/bin/python3 -c 'import importlib.util as u; print(u.MAGIC_NUMBER.hex())'")
+    )
+    basic = (Path(ansible.__file__).parent / "module_utils" / "basic.py").read_bytes()
+    entry = host.file(f"/var/cache/lcm/module-cache/{hashlib.sha256(magic + basic).hexdigest()}")
+    assert entry.exists and entry.user == "root" and entry.size > 0, "basic.py never went through the cache"
+    assert (
+        "/var/cache/lcm/module-cache 0700 root root 30d"
+        in host.file("/etc/tmpfiles.d/lcm-module-cache.conf").content_string
+    )
