@@ -57,7 +57,7 @@ CASES_RUN=${CASES_RUN:-"agent_kill agent_raise inprocess"}
 for c in $CASES_RUN; do
   AGENT_FLAGS=""
   case $c in
-    *_warm) AGENT_FLAGS="--warm-ranks --host-copy" ;;
+    *_warm) AGENT_FLAGS=${WARM_FLAGS:-"--warm-ranks --host-copy"} ;;  # WARM_FLAGS: one of them alone
   esac
   case $c in
     agent_kill) case_run agent_kill agent --fault-kill-at-step "$FAULT" ;;
