@@ -5,6 +5,7 @@ own run (it installs them from the pip index); here only the locked one runs, no
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from _benchmarks import load
 
 bench = load("ansible_core")
 perf = load("performance")
+# benchmarks/perf_converge.py, the module instance performance.py imported (its RESULTS is patched)
+converges = sys.modules[perf.ansible_core_figures.__module__]
+figures = sys.modules[perf.Figure.__module__]  # benchmarks/_figures.py: _rel's REPO
 
 
 def test_a_small_run_of_the_locked_release_writes_per_host_task_costs(tmp_path: Path) -> None:
@@ -40,8 +44,8 @@ def test_the_page_row_compares_each_other_release_with_the_locked_one(tmp_path: 
         {"version": "2.18.19", "ms_per_host_task_wall": 90.0, "wall_vs_locked": 0.72, "cpu_vs_locked": 0.7},
     ]}  # fmt: skip
     (tmp_path / "ansible-core-20990101-000000.json").write_text(json.dumps(d))
-    monkeypatch.setattr(perf, "RESULTS", tmp_path)
-    monkeypatch.setattr(perf, "REPO", tmp_path)
+    monkeypatch.setattr(converges, "RESULTS", tmp_path)
+    monkeypatch.setattr(figures, "REPO", tmp_path)
     (row,) = perf.ansible_core_figures()
     assert row.name == "task cost, ansible-core 2.18.19 / the locked 2.19.14"
     assert row.value == "0.72" and row.met is None
@@ -61,7 +65,7 @@ def test_the_module_cache_variant_runs_the_nodes_python_through_the_hook(tmp_pat
     # the cached run's modules went through roles/common's hook: its cache directory has their entries
     entries = list((tmp_path / ".ansible-core-play" / "module-cache").iterdir())
     assert len(entries) >= 10
-    monkeypatch.setattr(perf, "RESULTS", tmp_path)
-    monkeypatch.setattr(perf, "REPO", tmp_path)
+    monkeypatch.setattr(converges, "RESULTS", tmp_path)
+    monkeypatch.setattr(figures, "REPO", tmp_path)
     (row,) = perf.ansible_core_figures()
     assert row.name == f"task cost, ansible-core {locked} + the nodes' module cache / the locked {locked}"
