@@ -10,6 +10,7 @@ what ``processes_left`` reports after each fault case. Runs as a module on a nod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -116,6 +117,24 @@ def kill(procs: list[Proc], sig: int = signal.SIGKILL) -> list[int]:
         except ProcessLookupError:
             pass
     return killed
+
+
+def freeze_then_kill(victims: list[Proc], groups: tuple[int, ...] = ()) -> list[Proc]:
+    """A crash of every process in `victims` at once: all SIGSTOPped first, then the process groups in
+    `groups` and every victim SIGKILLed; returns the victims that were frozen, i.e. killed by this call.
+
+    Without the freeze, the first SIGKILLs are seen before the last are sent: a rank whose agent died
+    first got the kernel's PR_SET_PDEATHSIG SIGKILL and was reaped before its own kill (ESRCH: not
+    counted, a CI run of 2026-12-07 reported "SIGKILL of every rank (0/2)"), and a rank whose peer died
+    first may see its socket close and exit by itself. A frozen process runs no handler and notices
+    nothing (SIGSTOP cannot be caught) and cannot exit by itself: gone afterwards means killed by us,
+    directly or through its parent's death."""
+    frozen = set(kill(victims, signal.SIGSTOP))
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    kill([p for p in victims if p.pid in frozen])
+    return [p for p in victims if p.pid in frozen]
 
 
 def agents_own(tag: str, node: str | None) -> list[Proc]:

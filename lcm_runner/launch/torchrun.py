@@ -202,20 +202,18 @@ class LocalLauncher:
     def kill_job(self, job: Job) -> HardKill:
         """SIGKILL every agent and every rank of the job on every node in one pass (ranks run in their
         own process groups, stock torchrun's in their own sessions: the agents' groups alone would miss
-        them), again for anything started meanwhile, until nothing of the job is left."""
+        them), again for anything started meanwhile, until nothing of the job is left. Every process is
+        SIGSTOPped before the first SIGKILL (`procs.freeze_then_kill`, as SlurmLauncher.kill_job does
+        across nodes): no rank sees its agent or a peer die first and exits or is reaped uncounted."""
         local = self._local(job)
         local.cancelled = True
         nodes = job.all_nodes()
-        found = {node: procs.scan(job.tag, node) for node in nodes}
+        found = procs.union([p for node in nodes for p in procs.scan(job.tag, node)])
         ts = time.time()
-        for p in local.agents.values():
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-        killed: dict[str, list[procs.Proc]] = {}
-        for node, victims in found.items():
-            gone = set(procs.kill(victims))
-            killed[node] = [p for p in victims if p.pid in gone]
+        groups = tuple(p.pid for p in local.agents.values() if p.poll() is None)
+        # every process of every node frozen, then killed: none sees another die first
+        dead = procs.freeze_then_kill(found, groups)
+        killed: dict[str, list[procs.Proc]] = {n: [p for p in dead if p.node == n] for n in nodes}
         # ranks as they stood at the kill (a re-scan sees orphans re-parented away from their rank)
         ranks = {n: count_ranks(ps) for n, ps in killed.items() if ps}
         deadline = time.monotonic() + 10.0

@@ -154,3 +154,85 @@ def test_the_agents_teardown_leaves_the_nodes_metrics_writer_to_the_node_task(tm
                 p.kill()
                 p.wait()
     assert procs.scan(tag) == []
+
+
+_PDEATHSIG_CHILD = (
+    "import ctypes, signal, subprocess, sys\n"
+    "child = subprocess.Popen([sys.executable, '-c', "
+    "'import ctypes, signal, time; ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0); "
+    "print(flush=True); time.sleep(30)'], stdout=subprocess.PIPE)\n"
+    "child.stdout.readline()\n"
+    "print(child.pid, flush=True)\n"
+    "child.wait()\n"
+)
+
+
+_KILLER = """
+import json, os, subprocess, sys
+from lcm_runner.launch import procs
+cpu, attempts, child = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.sched_setaffinity(0, {cpu})
+os.nice(19)  # as scripts/test's CPU track: the killer is preempted between two kills
+out = []
+for i in range(attempts):
+    tag = f"test-procs-freeze-{os.getpid()}-{i}"
+    env = {**os.environ, procs.TAG_ENV: tag, procs.NODE_ENV: "n0"}
+    agent = subprocess.Popen([sys.executable, "-c", child], env=env, start_new_session=True,
+                             stdout=subprocess.PIPE)
+    rank = int(agent.stdout.readline())
+    found = procs.scan(tag, "n0")
+    dead = procs.freeze_then_kill(found, (agent.pid,))
+    out.append({"found": sorted(p.pid for p in found), "dead": sorted(p.pid for p in dead),
+                "expected": sorted([agent.pid, rank]), "agent_exit": agent.wait(5),
+                "left": [p.pid for p in procs.wait_gone(tag, "n0", 5.0)]})
+print(json.dumps(out))
+"""
+
+
+def test_freeze_then_kill_counts_a_rank_that_its_agents_death_kills() -> None:
+    """An agent and its rank, the rank with PR_SET_PDEATHSIG SIGKILL (as the agent forks them), killed
+    with the agent's group by a killer at nice 19 that shares one CPU with a busy process (the CI's
+    load). Both are reported killed. Killing the group first and the rank next, as before, missed the
+    rank in 29 of 30 attempts so (it died of its agent's death and was reaped between the two kills: CI
+    2026-12-07, "SIGKILL of every rank (0/2)")."""
+    import json
+
+    cpu = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _KILLER, str(cpu), "4", _PDEATHSIG_CHILD],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    finally:
+        busy.kill()
+        busy.wait()
+    results = json.loads(out)
+    assert len(results) == 4
+    for r in results:
+        assert r["found"] == r["expected"] == r["dead"], r
+        assert r["agent_exit"] == -9 and r["left"] == [], r
+
+
+def test_freeze_then_kill_leaves_out_what_was_gone_before_it() -> None:
+    tag = f"test-procs-freeze-gone-{os.getpid()}"
+    p = _start(tag, "n0", "sleep", "30")
+    q = _start(tag, "n0", "sleep", "30")
+    try:
+        time.sleep(0.2)
+        found = procs.scan(tag, "n0")
+        assert {x.pid for x in found} == {p.pid, q.pid}
+        q.kill()
+        q.wait()  # exited (and reaped) before the kill: not one of its victims
+        assert [x.pid for x in procs.freeze_then_kill(found)] == [p.pid]
+        assert p.wait(5) == -9
+    finally:
+        for x in (p, q):
+            if x.poll() is None:
+                x.kill()
+                x.wait()
