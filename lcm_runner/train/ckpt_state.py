@@ -101,9 +101,26 @@ class CheckpointState:
         return rng
 
     def _set_rng_state(self, rng: dict[str, Any]) -> None:
+        """Every state is handed over as a copy of its own: torch's CPU generator reads a state tensor at
+        storage base + storage_offset counted in units of its 5056-byte state struct, not in bytes, so a
+        view into a larger buffer (the host copy's tensors are views into one shared-memory mapping,
+        ckpt_shm.Region.map_views) gave it another state or, for a view far into a 3 GB mapping, an
+        address outside it: the warm restart's SIGSEGV on the H100 (2026-12-07)."""
+        rng = _own(rng)
         torch.set_rng_state(rng["torch_cpu"])
         if self.device == "cuda" and "cuda" in rng:
             from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
             torch.cuda.set_rng_state(rng["cuda"])
             get_cuda_rng_tracker().set_states(rng["tracker"])
+
+
+def _own(tree: Any) -> Any:
+    """`tree` with every tensor cloned (contiguous, at offset 0 of a storage of its own)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, dict):
+        return {k: _own(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_own(v) for v in tree)
+    return tree
