@@ -169,8 +169,10 @@ def warm_kill_figure() -> Figure:
         if (summary.parent / "agent_kill_warm").is_dir():
             card = "H100" if "h100" in summary.parent.name else "H200"
             why = (
-                "the restarted ranks (the spare, then a cold start) die with SIGSEGV about 2 s after their "
-                "spawn (NOTE.md beside); CPU tests pass; not diagnosed yet"
+                "the restarted ranks (the spare, then a cold start) died with SIGSEGV about 2 s after their "
+                "spawn: torch's set_rng_state misread a state viewed inside the host copy's mapping "
+                "(docs/results/h200-restart-paths/restart-7-h100-bisect/NOTE.md); fixed and tested on CPU, "
+                "not re-measured on a GPU yet (warm spares alone, same day: 4.51 s)"
             )
             log = _rel(summary.parent / "agent_kill_warm" / "console.log")
             label = name.replace("one GPU", f"one {card}")
