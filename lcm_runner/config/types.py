@@ -78,6 +78,8 @@ class FaultConfig:
     kill_at_step: int = 15
     kill_node: int = 1  # index of the node (0 = the one holding MASTER_ADDR) whose trainer is killed
     cases: list[str] = field(default_factory=lambda: list(FAULT_CASES))
+    # with torchrun_restart_ref, also stock torchrun with the trainer's exit-signal handler on (informational)
+    torchrun_handler_ref: bool = True
     timeout_s: float = 900.0  # give up waiting for a recovery after this long
 
 

@@ -283,7 +283,8 @@ def run(ctx: StageContext) -> StageResult:
     ]
     for name, fn in order:
         if name == "torchrun_restart_ref_handler":
-            if "torchrun_restart_ref" not in wanted or not ctx.torchrun_handler_ref:
+            handler_ref = ctx.torchrun_handler_ref and ctx.cfg.fault.torchrun_handler_ref
+            if "torchrun_restart_ref" not in wanted or not handler_ref:
                 continue
         elif name not in wanted:
             continue

@@ -10,7 +10,9 @@ import io
 import json
 from pathlib import Path
 
-from lcm_runner.config import from_dict
+import pytest
+
+from lcm_runner.config import ConfigError, from_dict
 from lcm_runner.launch.base import Job, JobSpec, LaunchError
 from lcm_runner.launch.commands import agent_argv
 from lcm_runner.report import build_report
@@ -41,10 +43,11 @@ class RecordingLauncher:
         raise LaunchError(f"{spec.name}: not started (recorded)")
 
 
-def _run(tmp_path: Path, **ctx_kw: object) -> tuple[RecordingLauncher, dict]:
+def _run(tmp_path: Path, fault_cfg: dict | None = None, **ctx_kw: object) -> tuple[RecordingLauncher, dict]:
     launcher = RecordingLauncher()
     run_dir = tmp_path / "run"
-    ctx = StageContext(from_dict(CFG), run_dir, launcher, Progress(io.StringIO()), **ctx_kw)  # type: ignore[arg-type]
+    cfg = from_dict({**CFG, "fault": {**CFG["fault"], **(fault_cfg or {})}})
+    ctx = StageContext(cfg, run_dir, launcher, Progress(io.StringIO()), **ctx_kw)  # type: ignore[arg-type]
     fault.run(ctx)
     return launcher, json.loads((run_dir / "stages" / "fault.json").read_text())
 
@@ -87,6 +90,17 @@ def test_handler_figure_can_be_turned_off(tmp_path: Path) -> None:
     launcher, res = _run(tmp_path, torchrun_handler_ref=False)
     assert len(launcher.specs) == 1 and "--no-exit-signal-handler" in launcher.specs[0].train_args
     assert set(res["metrics"]) == {"torchrun_restart_ref"}
+
+
+def test_the_run_config_turns_the_handler_figure_off(tmp_path: Path) -> None:
+    launcher, res = _run(tmp_path, fault_cfg={"torchrun_handler_ref": False})
+    assert len(launcher.specs) == 1 and "--no-exit-signal-handler" in launcher.specs[0].train_args
+    assert set(res["metrics"]) == {"torchrun_restart_ref"}
+
+
+def test_the_handler_switch_must_be_a_boolean() -> None:
+    with pytest.raises(ConfigError, match="torchrun_handler_ref"):
+        from_dict({**CFG, "fault": {**CFG["fault"], "torchrun_handler_ref": "no"}})
 
 
 def test_report_names_each_torchrun_figure_for_what_it_is(tmp_path: Path) -> None:
