@@ -50,13 +50,33 @@ CFG = {
 }
 
 
+HOLD_STEP = 8  # every rank waits before this step while the hold file exists: the kill lands after step 7
+
+
 def _ctx(tmp_path: Path) -> StageContext:
+    """The job holds before step 8 until the test lets it go (`_release`): the kill after step 7 always
+    lands before the checkpoint at 10, however late a loaded machine delivers it (CI of d42692e: the
+    kill after step 7 came after step 10's save, and the restart resumed from 10)."""
     cfg = from_dict(CFG)
     run_dir = tmp_path / "run"
     (run_dir / "telemetry").mkdir(parents=True)
+    hold = tmp_path / "hold"
+    hold.touch()
     return StageContext(
-        cfg, run_dir, LocalLauncher(spare_nodes=1), Progress(sys.stdout), agent="lcm", step_sleep_ms=40
+        cfg,
+        run_dir,
+        LocalLauncher(spare_nodes=1),
+        Progress(sys.stdout),
+        agent="lcm",
+        step_sleep_ms=40,
+        hold=(HOLD_STEP, str(hold)),
     )
+
+
+def _release(ctx: StageContext) -> None:
+    """Remove the hold file: the restarted ranks run through step 8."""
+    assert ctx.hold is not None
+    Path(ctx.hold[1]).unlink()
 
 
 def _events(job_dir: Path) -> list[dict]:
@@ -75,6 +95,7 @@ def test_trainer_kill_restarts_in_place_from_the_checkpoint(tmp_path: Path) -> N
         watch.until(lambda r: r.event == "ckpt_end" and r.step == 5 and r.rank == 0, "checkpoint 5", 240)
         watch.until(lambda r: r.event == "step" and (r.step or 0) >= 7, "step 7", 60)
         kill_ts = launcher.kill_trainer(job, "local1")
+        _release(ctx)
         first = watch.until(lambda r: r.event == "step" and r.attempt == 1, "a step of attempt 1", 60)
         st = watch.finish(240)
     finally:
@@ -110,6 +131,7 @@ def test_node_loss_survivor_gives_up_fast_and_relaunch_resumes_on_spare(tmp_path
         watch.until(lambda r: r.event == "ckpt_end" and r.step == 5 and r.rank == 0, "checkpoint 5", 240)
         watch.until(lambda r: r.event == "step" and (r.step or 0) >= 7, "step 7", 60)
         kill_ts = launcher.kill_node(job, "local1")
+        _release(ctx)
         st = launcher.wait(job, 30)
         gave_up = time.time() - kill_ts
         job2 = launcher.relaunch(job, exclude=["local1"])
@@ -140,6 +162,7 @@ def test_node_loss_hot_standby_takes_over_in_the_same_job(tmp_path: Path) -> Non
         watch.until(lambda r: r.event == "ckpt_end" and r.step == 5 and r.rank == 0, "checkpoint 5", 240)
         watch.until(lambda r: r.event == "step" and (r.step or 0) >= 7, "step 7", 60)
         kill_ts = launcher.kill_node(job, "local1")
+        _release(ctx)
         same = launcher.relaunch(job, exclude=["local1"])
         first = watch.until(lambda r: r.event == "step" and r.attempt >= 1, "a step after the takeover", 60)
         st = watch.finish(240)
