@@ -108,7 +108,10 @@ def test_fault_cases_recover_the_foreign_trainer(megatron_run: tuple[Path, str])
     m = _stage(run_dir, "fault")["metrics"]
     for case in ("floor", "trainer_kill", "torchrun_restart_ref", "node_loss"):
         assert m[case]["leftover_processes"] == 0, case
-        assert m[case]["resumed_from_step"] == 4, case
-    assert m["trainer_kill"]["first_new_step"] == 5
+        # the floor's job is cancelled once a step past 4 is seen; the kills resume from the last save
+        # before them (4, or 8 when a loaded machine delivered the kill late)
+        want = 4 if case == "floor" else m[case]["ckpt_before_kill"]
+        assert m[case]["resumed_from_step"] == want >= 4, case
+    assert m["trainer_kill"]["first_new_step"] == m["trainer_kill"]["resumed_from_step"] + 1
     assert m["trainer_kill"]["loss_max_rel_diff"] <= m["trainer_kill"]["loss_rel_tol"] == 0.02
     assert len(m["node_loss"]["nodes_after"]) == 2
