@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from lcm_runner import telemetry
 from lcm_runner.config import RunConfig
-from lcm_runner.contracts import EVENT_EXIT, EVENT_STEP
+from lcm_runner.contracts import EVENT_CKPT_END, EVENT_EXIT, EVENT_STEP
 from lcm_runner.launch.base import Job, JobSpec, JobState, JobStatus, Launcher
 from lcm_runner.launch.jobspec import job_spec
 from lcm_runner.telemetry import Record
@@ -337,6 +337,13 @@ def losses_by_step(records: list[Record], attempt_min: int = 0, after_ts: float 
         if r.attempt >= attempt_min and r.ts > after_ts and isinstance(r.get("loss"), int | float):
             out[int(r.step or 0)] = float(r.get("loss"))
     return out
+
+
+def last_save_before(records: list[Record], ts: float) -> int:
+    """The step of the last checkpoint rank 0 completed before `ts` (-1 when none did): what a recovery
+    from a kill at `ts` must resume from (rank 0 ends a save once `latest` names it)."""
+    ends = [int(r.step or 0) for r in records if r.event == EVENT_CKPT_END and r.rank == 0 and r.ts < ts]
+    return max(ends, default=-1)
 
 
 def rel_diff(a: float, b: float) -> float:

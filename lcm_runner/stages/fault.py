@@ -36,6 +36,7 @@ from lcm_runner.stages.common import (
     StageError,
     StageResult,
     job_finished_ok,
+    last_save_before,
     losses_by_step,
     max_rel_diff,
     reference_losses,
@@ -94,12 +95,11 @@ def _run_until_kill_point(ctx: StageContext, watch: JobWatch) -> None:
     watch.until(lambda r: r.event == "step" and (r.step or 0) >= kill, f"step {kill}")
 
 
-def _ckpt_before(records: list, kill_ts: float) -> float:
-    """The step of the last checkpoint rank 0 completed before `kill_ts` (-1 when none did): what a
-    recovery must resume from. The kill is sent once step `kill_at_step` is seen, so on a loaded machine it
-    can land after the next save; the check follows the records, not the plan."""
-    ends = [r.step or 0 for r in records if r.event == EVENT_CKPT_END and r.rank == 0 and r.ts < kill_ts]
-    return float(max(ends)) if ends else -1.0
+def _resumed_right(ctx: StageContext, case: Case) -> bool:
+    """The recovery resumed from the last save completed before the kill (from the records, not the plan:
+    the kill is sent once step `kill_at_step` is seen, so on a loaded machine it can land after the next
+    save), and that save is at least the planned one."""
+    return case.ckpt_before_kill >= _kill_plan(ctx)[0] and case.resumed_from_step == case.ckpt_before_kill
 
 
 def _agent_events(job: Job, after_ts: float, kinds: tuple[str, ...]) -> list[dict]:
@@ -196,7 +196,7 @@ def case_trainer_kill(
     # attempt is recognised by its resume record (written before its first step), not by `attempt`
     resumed = watch.until(lambda r: r.event == EVENT_RESUME and r.ts > kill_ts, "the restarted ranks' resume")
     case.resumed_from_step = float(resumed.step or 0)
-    case.ckpt_before_kill = _ckpt_before(watch.records, kill_ts)
+    case.ckpt_before_kill = float(last_save_before(watch.records, kill_ts))
     first = watch.until(lambda r: r.event == "step" and r.ts > resumed.ts, "the first step after recovery")
     res.event(f"{name}: first new step {first.step}", first.ts)
     case.downtime_s = first.ts - kill_ts
@@ -254,7 +254,7 @@ def case_node_loss(ctx: StageContext, res: StageResult, ref: dict[int, float]) -
     case.first_new_step = float(first.step or 0)
     resumed = watch2.until(lambda r: r.event == EVENT_RESUME and r.ts > kill_ts, "the resume record", 5)
     case.resumed_from_step = float(resumed.step or 0)
-    case.ckpt_before_kill = _ckpt_before(watch.records, kill_ts)
+    case.ckpt_before_kill = float(last_save_before(watch.records, kill_ts))
     st = watch2.finish()
     case.completed = job_finished_ok(st)
     case.leftover_processes = float(_leftovers(ctx, [job, job2] if job2.id != job.id else [job]))
@@ -363,9 +363,7 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
             # the agent's edge is its preloaded trainer (zygote fork); a foreign script starts a fresh
             # interpreter either way, so for it the comparison is reported, not claimed
             ck["trainer_kill: faster than stock torchrun (plain trainer)"] = tk.downtime_s < ref.downtime_s
-        ck["trainer_kill: resumed from the last checkpoint before the kill"] = (
-            tk.ckpt_before_kill >= _kill_plan(ctx)[0] and tk.resumed_from_step == tk.ckpt_before_kill
-        )
+        ck["trainer_kill: resumed from the last checkpoint before the kill"] = _resumed_right(ctx, tk)
         parts.append(f"trainer_kill {tk.downtime_s:.2f}s ({tk.ratio_to_floor:.2f}x floor)")
     if (fl := cases.get("floor")) and not fl.error:
         parts.append(f"floor {fl.downtime_s:.2f}s")
@@ -375,9 +373,7 @@ def _decide(ctx: StageContext, res: StageResult, cases: dict[str, Case]) -> None
         parts.append(f"stock torchrun, trainer with exit-signal handler {refh.downtime_s:.2f}s")
     if (nl := cases.get("node_loss")) and not nl.error:
         ck[f"node_loss: back within {t.node_loss_s_max:g}s"] = nl.downtime_s <= t.node_loss_s_max
-        ck["node_loss: resumed from the last checkpoint before the loss"] = (
-            nl.ckpt_before_kill >= _kill_plan(ctx)[0] and nl.resumed_from_step == nl.ckpt_before_kill
-        )
+        ck["node_loss: resumed from the last checkpoint before the loss"] = _resumed_right(ctx, nl)
         parts.append(f"node_loss {nl.downtime_s:.2f}s (detect {_detect(nl, 1)}, {','.join(nl.nodes_after)})")
     for c in cases.values():
         if c.name in ("trainer_kill", "node_loss") and not c.error:

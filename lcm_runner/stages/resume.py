@@ -29,6 +29,7 @@ from lcm_runner.stages.common import (
     StageResult,
     is_step,
     job_finished_ok,
+    last_save_before,
     losses_by_step,
     reference_losses,
     rel_diff,
@@ -64,8 +65,7 @@ def after_kill(
     """What the killed job left: the last checkpoint completed before the kill, and every sign of a
     save on the way out (a caught signal, a checkpoint record after the kill, an exit 75, `latest` or
     a complete iter dir past that checkpoint)."""
-    ends = [r for r in records if r.event == EVENT_CKPT_END and r.rank == 0 and r.ts < kill.ts]
-    before = max((int(r.step or 0) for r in ends), default=-1)
+    before = last_save_before(records, kill.ts)
     dirs = iter_dirs(ckpt_dir, foreign)
     return {
         "ckpt_before_kill": before,

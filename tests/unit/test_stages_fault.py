@@ -149,6 +149,7 @@ def test_a_missing_detection_time_is_said_why_not_printed_as_nan() -> None:
 def test_the_checkpoint_before_the_kill_comes_from_the_records() -> None:
     """What a recovery must resume from: the last save rank 0 completed before the kill, so a kill that
     lands after the next save (a loaded machine) is checked against that save, not against the plan."""
+    from lcm_runner.stages.common import last_save_before
     from lcm_runner.telemetry import Record
 
     def end(step: int, ts: float, rank: int = 0) -> Record:
@@ -156,7 +157,7 @@ def test_the_checkpoint_before_the_kill_comes_from_the_records() -> None:
 
     recs = [end(4, 1.0), end(4, 1.1, rank=1), end(8, 3.0, rank=1), end(8, 3.2)]
     recs.append(Record(ts=2.5, event="step", rank=0, attempt=0, job="j", data={"step": 12}))
-    assert fault._ckpt_before(recs, 2.0) == 4.0
-    assert fault._ckpt_before(recs, 3.1) == 4.0  # rank 1's end alone is not a completed save
-    assert fault._ckpt_before(recs, 5.0) == 8.0
-    assert fault._ckpt_before(recs, 0.5) == -1.0
+    assert last_save_before(recs, 2.0) == 4.0
+    assert last_save_before(recs, 3.1) == 4.0  # rank 1's end alone is not a completed save
+    assert last_save_before(recs, 5.0) == 8.0
+    assert last_save_before(recs, 0.5) == -1.0
